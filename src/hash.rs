@@ -1,0 +1,131 @@
+//! Token ids to block hashes.
+//!
+//! A request's tokens are cut into full blocks of `block_size` (the partial
+//! tail is dropped: engines never cache it). Each block gets a *local* hash,
+//! a position-free chunk hash of its tokens, and the prefix gets a *sequence*
+//! hash chain that identifies everything up to and including that block.
+//! The formulas are the ones Dynamo and the Mooncake RFC use, so hashes
+//! computed by a router and by this daemon agree.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Seed of every local and sequence hash when no LoRA or salt is given.
+pub const BASE_SEED: u64 = 1337;
+
+/// The seed for local hashes of blocks under `lora_name` and `cache_salt`.
+/// Empty strings count as absent.
+pub fn seed_for(lora_name: Option<&str>, cache_salt: Option<&str>) -> u64 {
+    let mut seed = BASE_SEED;
+    if let Some(lora) = lora_name.filter(|s| !s.is_empty()) {
+        seed = seed.wrapping_add(xxh3_64_with_seed(lora.as_bytes(), 0));
+    }
+    if let Some(salt) = cache_salt.filter(|s| !s.is_empty()) {
+        seed = seed.wrapping_add(xxh3_64_with_seed(salt.as_bytes(), 1));
+    }
+    seed
+}
+
+/// Local hash of one block of tokens (u32 little-endian, concatenated).
+pub fn local_hash(tokens: &[u32], seed: u64) -> u64 {
+    // Blocks are small; a stack buffer covers the usual sizes without allocating.
+    let mut stack = [0u8; 256];
+    let len = tokens.len() * 4;
+    if len <= stack.len() {
+        for (chunk, t) in stack.chunks_exact_mut(4).zip(tokens) {
+            chunk.copy_from_slice(&t.to_le_bytes());
+        }
+        xxh3_64_with_seed(&stack[..len], seed)
+    } else {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        xxh3_64_with_seed(&bytes, seed)
+    }
+}
+
+/// Appends the local hashes of every full block of `tokens` to `out`.
+/// `block_size` must be at least 1.
+pub fn local_hashes_into(tokens: &[u32], block_size: usize, seed: u64, out: &mut Vec<u64>) {
+    assert!(block_size > 0, "block_size must be at least 1");
+    out.extend(tokens.chunks_exact(block_size).map(|b| local_hash(b, seed)));
+}
+
+/// The sequence hash of a block whose parent has sequence hash `parent`.
+#[inline]
+pub fn chain_hash(parent: u64, local: u64) -> u64 {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&parent.to_le_bytes());
+    bytes[8..].copy_from_slice(&local.to_le_bytes());
+    xxh3_64_with_seed(&bytes, BASE_SEED)
+}
+
+/// Replaces `out` with the sequence hashes of the blocks whose local hashes are `locals`.
+pub fn sequence_hashes_into(locals: &[u64], out: &mut Vec<u64>) {
+    out.clear();
+    out.reserve(locals.len());
+    let mut prev = None;
+    for &local in locals {
+        let seq = match prev {
+            None => local,
+            Some(p) => chain_hash(p, local),
+        };
+        out.push(seq);
+        prev = Some(seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn locals(tokens: &[u32], bs: usize, seed: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        local_hashes_into(tokens, bs, seed, &mut out);
+        out
+    }
+
+    fn seqs(locals: &[u64]) -> Vec<u64> {
+        let mut out = Vec::new();
+        sequence_hashes_into(locals, &mut out);
+        out
+    }
+
+    const TOKENS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+
+    #[test]
+    fn plain_vectors() {
+        let l = locals(&TOKENS, 4, seed_for(None, None));
+        assert_eq!(l, vec![14643705804678351452, 16777012769546811212]);
+        assert_eq!(seqs(&l), vec![14643705804678351452, 4945711292740353085]);
+        assert_eq!(
+            locals(&[9, 10, 11, 12], 4, BASE_SEED),
+            vec![483935686894639516]
+        );
+    }
+
+    #[test]
+    fn lora_vectors() {
+        let l = locals(&TOKENS, 4, seed_for(Some("adapter-a"), None));
+        assert_eq!(l, vec![11381080598872079209, 5698110331184095209]);
+        assert_eq!(seqs(&l)[1], 17518568667535815909);
+    }
+
+    #[test]
+    fn salt_vectors() {
+        let l = locals(&TOKENS, 4, seed_for(None, Some("tenant-1")));
+        assert_eq!(l, vec![12236259103925738072, 16244233118725531467]);
+        assert_eq!(seqs(&l)[1], 10698633946847767502);
+    }
+
+    #[test]
+    fn empty_names_count_as_absent_and_tail_is_dropped() {
+        assert_eq!(seed_for(Some(""), Some("")), BASE_SEED);
+        assert_eq!(locals(&[1, 2, 3, 4, 5, 6, 7], 4, BASE_SEED).len(), 1);
+        assert!(locals(&[1, 2, 3], 4, BASE_SEED).is_empty());
+    }
+
+    #[test]
+    fn large_blocks_hash_like_small_ones() {
+        let tokens: Vec<u32> = (0..200).collect();
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        assert_eq!(local_hash(&tokens, 7), xxh3_64_with_seed(&bytes, 7));
+    }
+}
