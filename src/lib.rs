@@ -4,6 +4,7 @@
 pub mod event;
 pub mod hash;
 pub mod index;
+pub mod ingest;
 pub mod wire;
 
 pub use event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
