@@ -54,6 +54,7 @@ fn many_workers_converge_to_their_engines() {
     }
     // A final batch each, so no engine ends on a lost one.
     for (_, _, publisher) in &mut engines {
+        publisher.lose_none();
         publisher.publish_random(1);
     }
     for (registered, effective, publisher) in &engines {

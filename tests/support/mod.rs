@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod harness;
+pub mod index_sink;
 pub mod model_sink;
 pub mod publisher;
 pub mod rng;

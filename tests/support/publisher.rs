@@ -8,7 +8,7 @@
 //! It binds XPUB rather than PUB (identical on the wire) so a test can wait
 //! for the subscription instead of sleeping through the slow-joiner window.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use super::model_sink::Tiers;
 use super::rng::Rng;
 use super::WAIT_MS;
+use kv_indexer::hash::{local_hash, seed_for};
 use kv_indexer::StorageTier;
 
 /// How events are encoded.
@@ -94,6 +95,13 @@ pub enum TestEvent {
     Cleared,
 }
 
+/// What the publisher remembers of a stored block.
+#[derive(Clone, Copy, Debug)]
+struct BlockInfo {
+    parent: Option<u64>,
+    local: u64,
+}
+
 /// Messages kept for `resend`.
 const HISTORY_MAX: usize = 1_024;
 
@@ -123,6 +131,8 @@ pub struct TestPublisher {
     lose_next: usize,
     subscriptions: usize,
     truth: Tiers,
+    /// Parent and local hash of every block ever stored.
+    blocks: HashMap<u64, BlockInfo>,
     next_hash: u64,
     rng: Rng,
 }
@@ -186,6 +196,7 @@ impl TestPublisher {
             lose_next: 0,
             subscriptions: 0,
             truth: Tiers::default(),
+            blocks: HashMap::new(),
             rng,
         }
     }
@@ -228,6 +239,11 @@ impl TestPublisher {
     /// The next `n` batches are lost in transit but kept for replay.
     pub fn lose_next(&mut self, n: usize) {
         self.lose_next += n;
+    }
+
+    /// Cancels losses still pending from `lose_next`.
+    pub fn lose_none(&mut self) {
+        self.lose_next = 0;
     }
 
     /// Forgets every buffered batch (as if the buffer rolled over).
@@ -413,7 +429,7 @@ impl TestPublisher {
                 write_str(buf, "parent_block_hash").unwrap();
                 write_opt_hash(buf, *parent, form);
                 write_str(buf, "token_ids").unwrap();
-                self.write_tokens(buf, hashes.len());
+                self.write_tokens(buf, *parent, hashes);
                 write_str(buf, "block_size").unwrap();
                 write_uint(buf, u64::from(self.cfg.block_size)).unwrap();
                 write_str(buf, "lora_id").unwrap();
@@ -456,7 +472,7 @@ impl TestPublisher {
                 write_str(buf, "BlockStored").unwrap();
                 write_hashes(buf, hashes, form);
                 write_opt_hash(buf, *parent, form);
-                self.write_tokens(buf, hashes.len());
+                self.write_tokens(buf, *parent, hashes);
                 write_uint(buf, u64::from(self.cfg.block_size)).unwrap();
                 write_nil(buf).unwrap(); // lora_id
                 write_medium(buf, *tier);
@@ -477,12 +493,61 @@ impl TestPublisher {
         }
     }
 
-    fn write_tokens(&mut self, buf: &mut Vec<u8>, blocks: usize) {
-        let n = blocks * self.cfg.block_size as usize;
-        rmp::encode::write_array_len(buf, n as u32).unwrap();
-        for _ in 0..n {
-            rmp::encode::write_uint(buf, self.rng.below(50_000)).unwrap();
+    /// Writes random tokens for the stored `hashes` and remembers each
+    /// block's parent and local hash, for queries and visibility.
+    fn write_tokens(&mut self, buf: &mut Vec<u8>, parent: Option<u64>, hashes: &[u64]) {
+        let block_size = self.cfg.block_size as usize;
+        let tokens: Vec<u32> = (0..hashes.len() * block_size).map(|_| self.rng.below(50_000) as u32).collect();
+        rmp::encode::write_array_len(buf, tokens.len() as u32).unwrap();
+        for &t in &tokens {
+            rmp::encode::write_uint(buf, u64::from(t)).unwrap();
         }
+        let seed = seed_for(None, None);
+        let mut parent = parent;
+        for (&hash, chunk) in hashes.iter().zip(tokens.chunks_exact(block_size)) {
+            self.blocks.insert(hash, BlockInfo { parent, local: local_hash(chunk, seed) });
+            parent = Some(hash);
+        }
+    }
+
+    /// What a query can see of the truth: held blocks whose every ancestor
+    /// is held too (in any tier).
+    pub fn visible_truth(&self) -> Tiers {
+        let held = |h: u64| self.truth.iter().any(|t| t.contains(&h));
+        let mut visible = Tiers::default();
+        for (tier, set) in self.truth.iter().enumerate() {
+            for &h in set {
+                let mut ok = true;
+                let mut cursor = self.blocks.get(&h).and_then(|b| b.parent);
+                // Bounded by the number of blocks ever stored (chains are acyclic).
+                for _ in 0..=self.blocks.len() {
+                    let Some(p) = cursor else { break };
+                    if !held(p) {
+                        ok = false;
+                        break;
+                    }
+                    cursor = self.blocks.get(&p).and_then(|b| b.parent);
+                }
+                if ok {
+                    visible[tier].insert(h);
+                }
+            }
+        }
+        visible
+    }
+
+    /// Local hashes of the chain from its root down to `leaf`.
+    pub fn chain_locals(&self, leaf: u64) -> Vec<u64> {
+        let mut chain = Vec::new();
+        let mut cursor = Some(leaf);
+        while let Some(h) = cursor {
+            let info = self.blocks.get(&h).expect("unknown block");
+            chain.push(info.local);
+            cursor = info.parent;
+            assert!(chain.len() <= self.blocks.len(), "cycle in chain");
+        }
+        chain.reverse();
+        chain
     }
 }
 
