@@ -126,8 +126,10 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
         let ready = match poll_all(&listeners, poll_timeout_ms) {
             Ok(ready) => ready,
             Err(e) => {
-                // EINTR and the like: nothing was read, try again.
+                // EINTR and the like: nothing was read. Pause so a lasting
+                // error cannot spin the thread.
                 eprintln!("kv-indexer ingest: zmq poll failed: {e}");
+                std::thread::sleep(Duration::from_millis(t.cfg.poll_timeout_ms));
                 continue;
             }
         };
@@ -224,9 +226,12 @@ impl Listener {
             self.handshaking = true;
         } else if event == E::HANDSHAKE_SUCCEEDED.to_raw() {
             self.handshaking = false;
-            self.ever_connected = true;
+            // The first connection needs no note: a new listener's sequencer
+            // already treats a kept watermark as crossed by a reconnect.
+            if std::mem::replace(&mut self.ever_connected, true) {
+                self.seq.note_connected();
+            }
             shared.set_connected(true);
-            self.seq.note_connected();
         } else if event == E::DISCONNECTED.to_raw() {
             shared.set_connected(false);
             if std::mem::take(&mut self.handshaking) {
@@ -320,11 +325,19 @@ impl Listener {
     }
 
     fn sequence_live(&mut self, t: &ThreadCtx, batch: Batch) {
-        // At most two rounds: a restart resets the sequencer, after which
-        // the batch starts a new stream and cannot be judged a restart again.
-        for _ in 0..2 {
+        // At most three rounds: a duplicate is judged again once after a
+        // monitor check, and a restart resets the sequencer, after which the
+        // batch starts a new stream and cannot be a duplicate or restart.
+        let mut monitor_checked = false;
+        for _ in 0..3 {
             match self.seq.judge_live(batch.seq) {
                 Verdict::Apply => return self.apply(t, batch),
+                Verdict::Duplicate if !monitor_checked => {
+                    // A step back is a restart if the socket reconnected; make
+                    // sure a reconnect already queued on the monitor is known.
+                    monitor_checked = true;
+                    self.read_monitor();
+                }
                 Verdict::Duplicate => {
                     t.bump(&t.counters.duplicates_dropped, 1);
                     return;
