@@ -7,7 +7,7 @@ mod support;
 
 use std::sync::Arc;
 
-use kv_indexer::ingest::Ingest;
+use kv_indexer::ingest::{Ingest, IngestConfig};
 use kv_indexer::{StorageTier, WorkerId};
 use support::harness::{assert_converges, assert_no_stale, settle, spec_for, test_config};
 use support::model_sink::ModelSink;
@@ -224,4 +224,48 @@ fn an_undecodable_batch_counts_as_lost_and_resyncs() {
     assert!(!sink.holds(worker, DEVICE, hashes[0]), "kept blocks across an unreadable batch");
     let c = ingest.counters();
     assert_eq!((c.undecodable_batches, c.batches_lost, c.resyncs), (1, 1, 1));
+}
+
+#[test]
+fn a_replay_with_a_hole_is_partial_and_resyncs_at_the_hole() {
+    let worker = WorkerId::new(9, 0);
+    let (ingest, mut publisher, sink) = setup(PublisherConfig::default(), worker);
+    publisher.publish_random(10);
+    assert_converges(&sink, worker, &publisher);
+    publisher.lose_next(5);
+    publisher.publish_random(5);
+    // Seqs 10..=14 were lost; the buffer no longer has 12.
+    publisher.forget(12);
+    publisher.publish_random(5);
+    settle(&ingest, worker, &publisher);
+    assert_no_stale(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert_eq!((c.replays_partial, c.batches_lost, c.resyncs), (1, 1, 1));
+    assert_eq!(c.batches_replayed, 4);
+
+    publisher.publish(vec![TestEvent::Cleared]);
+    publisher.publish_random(5);
+    assert_converges(&sink, worker, &publisher);
+}
+
+#[test]
+fn a_replay_that_times_out_fails_resyncs_and_releases_the_held_batches() {
+    let worker = WorkerId::new(10, 0);
+    let ingest = Ingest::start(IngestConfig { replay_timeout_ms: 200, ..test_config() }).unwrap();
+    let mut publisher = TestPublisher::new(PublisherConfig::default());
+    let sink = Arc::new(ModelSink::new());
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(publisher.wait_subscribed(1));
+    publisher.publish_random(5);
+    assert_converges(&sink, worker, &publisher);
+    publisher.mute_replay(true);
+    publisher.lose_next(2);
+    publisher.publish_random(6);
+    settle(&ingest, worker, &publisher);
+    assert_no_stale(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert_eq!((c.replays_started, c.replays_failed, c.batches_lost, c.resyncs), (1, 1, 2, 1));
+    assert_eq!(c.held_batches, 0);
+    let info = ingest.listener_info(ingest.listener_for(worker).unwrap()).unwrap();
+    assert!(info.last_error.unwrap_or_default().contains("timed out"));
 }

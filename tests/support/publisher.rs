@@ -246,6 +246,11 @@ impl TestPublisher {
         self.lose_next = 0;
     }
 
+    /// Forgets one buffered batch (a hole in what a replay returns).
+    pub fn forget(&mut self, seq: u64) {
+        self.ring.lock().batches.retain(|(s, _)| *s != seq);
+    }
+
     /// Forgets every buffered batch (as if the buffer rolled over).
     pub fn drop_buffer(&mut self) {
         self.ring.lock().batches.clear();
