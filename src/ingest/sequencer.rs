@@ -83,7 +83,7 @@ impl Sequencer {
 
     /// Marks `seq` as dealt with (applied or given up as lost).
     pub(crate) fn accept(&mut self, seq: u64) {
-        debug_assert!(self.last.map_or(true, |last| seq > last), "watermark must only move forward");
+        debug_assert!(self.last.is_none_or(|last| seq > last), "watermark must only move forward");
         self.last = Some(seq);
         self.reconnected = false;
     }
