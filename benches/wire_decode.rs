@@ -16,10 +16,7 @@ use std::time::{Duration, Instant};
 
 use kv_indexer::wire::{decode_payload, split_frames, SkipCounters, WorkerConverter};
 use kv_indexer::WorkerId;
-use rmp::encode::{
-    write_array_len, write_bin, write_f64, write_map_len, write_nil, write_sint, write_str,
-    write_uint,
-};
+use rmp::encode::{write_array_len, write_bin, write_f64, write_map_len, write_nil, write_sint, write_str, write_uint};
 
 const BLOCK_SIZE: u32 = 16;
 const MEASURE_MS_DEFAULT: u64 = 1_000;
@@ -226,10 +223,7 @@ fn run_case(name: String, payloads: Vec<(Vec<u8>, u64)>, budget: Duration) -> Ro
 
 fn main() {
     let budget = Duration::from_millis(
-        std::env::var("WIRE_BENCH_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(MEASURE_MS_DEFAULT),
+        std::env::var("WIRE_BENCH_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(MEASURE_MS_DEFAULT),
     );
     let shapes = [
         Shape {
@@ -297,22 +291,11 @@ fn main() {
             (payload.to_vec(), blocks)
         })
         .collect();
-    rows.push(run_case(
-        "captured fixtures (mixed)".into(),
-        captured,
-        budget,
-    ));
+    rows.push(run_case("captured fixtures (mixed)".into(), captured, budget));
 
     println!(
         "{:<32} {:>9} {:>7} | {:>12} {:>13} {:>8} | {:>12} {:>13}",
-        "batch shape",
-        "bytes",
-        "blocks",
-        "decode b/s",
-        "decode blk/s",
-        "MB/s",
-        "+convert b/s",
-        "+convert blk/s"
+        "batch shape", "bytes", "blocks", "decode b/s", "decode blk/s", "MB/s", "+convert b/s", "+convert blk/s"
     );
     for r in &rows {
         println!(

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 
 use kv_indexer::hash::{local_hash, seed_for, BASE_SEED};
 use kv_indexer::wire::{
-    decode_payload, split_frames, split_replay_frames, RawEvent, ReplayReply, SkipCounters,
-    SkipReason, WorkerConverter,
+    decode_payload, split_frames, split_replay_frames, RawEvent, ReplayReply, SkipCounters, SkipReason, WorkerConverter,
 };
 use kv_indexer::{Event, EventKind, StorageTier, WorkerId};
 use serde_json::{json, Value};
@@ -64,10 +63,7 @@ fn every_engine_format_is_captured() {
         "sglang-0.5.22-r3",
         "sglang-0.5.23-r0",
     ] {
-        assert!(
-            names.iter().any(|n| n == version),
-            "missing fixture {version}"
-        );
+        assert!(names.iter().any(|n| n == version), "missing fixture {version}");
     }
 }
 
@@ -84,11 +80,7 @@ fn live_frames_decode_to_what_the_engine_published() {
             assert_eq!(seq, want["seq"].as_u64().unwrap(), "{ctx}");
             let batch = decode_payload(payload).unwrap_or_else(|e| panic!("{ctx}: {e}"));
             assert_eq!(batch.timestamp, want["ts"].as_f64().unwrap(), "{ctx}");
-            assert_eq!(
-                batch.dp_rank.map(u64::from),
-                want["dp_rank"].as_u64(),
-                "{ctx}"
-            );
+            assert_eq!(batch.dp_rank.map(u64::from), want["dp_rank"].as_u64(), "{ctx}");
             let got: Vec<Value> = batch.events.iter().map(event_json).collect();
             assert_eq!(&got, want["events"].as_array().unwrap(), "{ctx}");
         }
@@ -99,12 +91,7 @@ fn live_frames_decode_to_what_the_engine_published() {
 fn replay_replies_repeat_the_live_payloads_and_end() {
     for f in load_all() {
         let replay = &f.sidecar["replay"];
-        let seqs: Vec<u64> = replay["seqs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s.as_u64().unwrap())
-            .collect();
+        let seqs: Vec<u64> = replay["seqs"].as_array().unwrap().iter().map(|s| s.as_u64().unwrap()).collect();
         assert_eq!(f.replay.len(), seqs.len() + 1, "{}", f.name);
         let width = replay["frames_per_reply"].as_u64().unwrap() as usize;
         let live: HashMap<u64, &[u8]> = f.live.iter().map(|m| split_frames(m).unwrap()).collect();
@@ -119,12 +106,7 @@ fn replay_replies_repeat_the_live_payloads_and_end() {
                 ReplayReply::End => panic!("{}: early end marker", f.name),
             }
         }
-        assert_eq!(
-            split_replay_frames(f.replay.last().unwrap()).unwrap(),
-            ReplayReply::End,
-            "{}",
-            f.name
-        );
+        assert_eq!(split_replay_frames(f.replay.last().unwrap()).unwrap(), ReplayReply::End, "{}", f.name);
     }
 }
 
@@ -178,20 +160,12 @@ fn captured_scenario_converts_as_the_rules_say() {
         let device = StorageTier::Device;
 
         // A plain chain: tokens hashed with the base seed, device tier.
-        assert_eq!(
-            stored[&7],
-            (device, local_hash(&tokens(17, 32), plain)),
-            "{name}"
-        );
+        assert_eq!(stored[&7], (device, local_hash(&tokens(17, 32), plain)), "{name}");
 
         // LoRA: hashed under its name, or skipped when only an id is sent (vLLM 0.9).
         let lora = sent_store(&f, 300);
         match (lora["lora_name"].as_str(), lora["lora_id"].is_null()) {
-            (Some(n), _) => assert_eq!(
-                stored[&300].1,
-                local_hash(&tokens(33, 48), seed_for(Some(n), None)),
-                "{name}"
-            ),
+            (Some(n), _) => assert_eq!(stored[&300].1, local_hash(&tokens(33, 48), seed_for(Some(n), None)), "{name}"),
             (None, false) => assert!(!stored.contains_key(&300), "{name}: nameless LoRA kept"),
             (None, true) => assert_eq!(stored[&300].1, local_hash(&tokens(33, 48), plain)),
         }
@@ -199,56 +173,32 @@ fn captured_scenario_converts_as_the_rules_say() {
         // Salt: named by the root store (SGLang field or vLLM tag) and
         // inherited by the child, which names none in vLLM.
         let root = sent_store(&f, 1 << 40);
-        let salt = root["cache_salt"]
-            .as_str()
-            .or(root["extra_keys_salt"].as_str());
+        let salt = root["cache_salt"].as_str().or(root["extra_keys_salt"].as_str());
         let salted = seed_for(None, salt);
-        assert_eq!(
-            stored[&SALTED_ROOT].1,
-            local_hash(&tokens(117, 132), salted),
-            "{name}"
-        );
-        assert_eq!(
-            stored[&u64::MAX].1,
-            local_hash(&tokens(133, 148), salted),
-            "{name}"
-        );
+        assert_eq!(stored[&SALTED_ROOT].1, local_hash(&tokens(117, 132), salted), "{name}");
+        assert_eq!(stored[&u64::MAX].1, local_hash(&tokens(133, 148), salted), "{name}");
         if f.sidecar["engine"] == "vllm" && salt.is_some() {
             assert!(sent_store(&f, u64::MAX)["extra_keys_salt"].is_null());
         }
 
         // Multimodal: the marked hash is appended; a native identifier is opaque.
-        let has_extra_keys = !sent_store(&f, 11)["block_mm_hashes"]
-            .as_array()
-            .unwrap()
-            .is_empty();
+        let has_extra_keys = !sent_store(&f, 11)["block_mm_hashes"].as_array().unwrap().is_empty();
         if has_extra_keys {
-            let mut bytes: Vec<u8> = tokens(201, 216)
-                .iter()
-                .flat_map(|t| t.to_le_bytes())
-                .collect();
+            let mut bytes: Vec<u8> = tokens(201, 216).iter().flat_map(|t| t.to_le_bytes()).collect();
             bytes.extend(0x0123_4567_89ab_cdefu64.to_le_bytes());
             let want = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, BASE_SEED);
             assert_eq!(stored[&11].1, want, "{name}");
             assert!(!stored.contains_key(&12), "{name}: opaque key hashed");
             assert!(skips.get(SkipReason::OpaqueExtraKeys) >= 1, "{name}");
         } else {
-            assert_eq!(
-                stored[&11].1,
-                local_hash(&tokens(201, 216), plain),
-                "{name}"
-            );
+            assert_eq!(stored[&11].1, local_hash(&tokens(201, 216), plain), "{name}");
         }
 
         // Lower tiers and what must never be indexed.
         // The first block is re-stored in the CPU tier, where the version has media.
         let lower = &f.sidecar["live"][4]["events"][0];
         assert_eq!(lower["block_hashes"][0], json!(0xF000_0000_0000_AA01u64));
-        let cpu = if lower["medium"].is_null() {
-            device
-        } else {
-            StorageTier::HostPinned
-        };
+        let cpu = if lower["medium"].is_null() { device } else { StorageTier::HostPinned };
         assert_eq!(stored[&0xF000_0000_0000_AA01].0, cpu, "{name}");
         for hash in [13, 23, 24, 26] {
             assert!(!stored.contains_key(&hash), "{name}: {hash} indexed");
@@ -263,11 +213,7 @@ fn captured_scenario_converts_as_the_rules_say() {
         }
         if f.sidecar["engine"] == "sglang" {
             assert_eq!(stored[&25].0, StorageTier::Disk, "{name}");
-            assert_eq!(
-                skips.get(SkipReason::BlockSizeMismatch),
-                1,
-                "{name}: partial page"
-            );
+            assert_eq!(skips.get(SkipReason::BlockSizeMismatch), 1, "{name}: partial page");
         }
 
         // The batch of removes, then the clear that ends every capture.

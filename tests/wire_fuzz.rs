@@ -12,9 +12,7 @@
 
 mod wire_support;
 
-use kv_indexer::wire::{
-    decode_payload, split_frames, split_replay_frames, SkipCounters, WorkerConverter,
-};
+use kv_indexer::wire::{decode_payload, split_frames, split_replay_frames, SkipCounters, WorkerConverter};
 use kv_indexer::WorkerId;
 
 const CASES_DEFAULT: u64 = 200_000;
@@ -47,9 +45,8 @@ impl Rng {
 /// Bytes that steer the decoder into interesting paths: container headers,
 /// wide lengths, every scalar marker.
 const INTERESTING: &[u8] = &[
-    0x00, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1, 0xc2, 0xc3, 0xc4, 0xc5, 0xc6, 0xc7,
-    0xc8, 0xc9, 0xca, 0xcb, 0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd3, 0xd4, 0xd8, 0xd9, 0xdb, 0xdc, 0xdd,
-    0xde, 0xdf, 0xe0, 0xff,
+    0x00, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1, 0xc2, 0xc3, 0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9, 0xca,
+    0xcb, 0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd3, 0xd4, 0xd8, 0xd9, 0xdb, 0xdc, 0xdd, 0xde, 0xdf, 0xe0, 0xff,
 ];
 
 fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
@@ -84,19 +81,8 @@ fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
 /// A well-formed batch of random events, so the converter sees every
 /// combination of fields, not only what survives byte mutations.
 fn random_batch(rng: &mut Rng) -> Vec<u8> {
-    use rmp::encode::{
-        write_array_len, write_f64, write_map_len, write_nil, write_sint, write_str, write_uint,
-    };
-    const MEDIA: &[&str] = &[
-        "GPU",
-        "cpu",
-        "CPU_PINNED",
-        "DISK",
-        "STORAGE",
-        "EXTERNAL",
-        "TAPE",
-        "",
-    ];
+    use rmp::encode::{write_array_len, write_f64, write_map_len, write_nil, write_sint, write_str, write_uint};
+    const MEDIA: &[&str] = &["GPU", "cpu", "CPU_PINNED", "DISK", "STORAGE", "EXTERNAL", "TAPE", ""];
     const KINDS: &[&str] = &["full_attention", "sliding_window", "mamba", "unknown"];
     const KEYS: &[&str] = &[
         "dynamo-cache-salt:t",
@@ -116,11 +102,7 @@ fn random_batch(rng: &mut Rng) -> Vec<u8> {
             0 | 1 => {
                 let blocks = rng.below(4) as u32;
                 let block_size = [0u32, 3, 4, 8, 16, 32, 1024][rng.below(7)];
-                let tokens = if rng.below(4) == 0 {
-                    rng.below(40) as u32
-                } else {
-                    blocks * block_size
-                };
+                let tokens = if rng.below(4) == 0 { rng.below(40) as u32 } else { blocks * block_size };
                 write_map_len(&mut b, 11).unwrap();
                 write_str(&mut b, "type").unwrap();
                 write_str(&mut b, "BlockStored").unwrap();
@@ -203,14 +185,8 @@ fn random_batch(rng: &mut Rng) -> Vec<u8> {
 
 #[test]
 fn no_input_panics() {
-    let cases: u64 = std::env::var("WIRE_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CASES_DEFAULT);
-    let seed: u64 = std::env::var("WIRE_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x6b76_7769_7265);
+    let cases: u64 = std::env::var("WIRE_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(CASES_DEFAULT);
+    let seed: u64 = std::env::var("WIRE_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x6b76_7769_7265);
     let mut rng = Rng(seed);
 
     let mut corpus: Vec<Vec<u8>> = Vec::new();
@@ -261,19 +237,10 @@ fn no_input_panics() {
         let _ = split_frames(&frames);
         let _ = split_replay_frames(&frames);
     }
-    eprintln!(
-        "{cases} inputs: {decoded} decoded, {failed} rejected, {} events skipped",
-        skips.total()
-    );
+    eprintln!("{cases} inputs: {decoded} decoded, {failed} rejected, {} events skipped", skips.total());
     // Both outcomes must have been exercised, or the mutations are too weak or too strong.
-    assert!(
-        decoded > cases / 100,
-        "only {decoded} of {cases} inputs decoded"
-    );
-    assert!(
-        failed > cases / 100,
-        "only {failed} of {cases} inputs failed"
-    );
+    assert!(decoded > cases / 100, "only {decoded} of {cases} inputs decoded");
+    assert!(failed > cases / 100, "only {failed} of {cases} inputs failed");
 }
 
 #[test]

@@ -114,13 +114,7 @@ impl WorkerConverter {
     }
 
     /// Appends the index events for `events` of `worker` to `out`, counting skips.
-    pub fn convert(
-        &mut self,
-        worker: WorkerId,
-        events: &[RawEvent],
-        out: &mut Vec<Event>,
-        skips: &SkipCounters,
-    ) {
+    pub fn convert(&mut self, worker: WorkerId, events: &[RawEvent], out: &mut Vec<Event>, skips: &SkipCounters) {
         for event in events {
             let result = match event {
                 RawEvent::Stored(stored) => self.stored(worker, stored, out, skips),
@@ -161,8 +155,7 @@ impl WorkerConverter {
         if self.self_referencing(&s.block_hashes, s.parent_block_hash) {
             return Err(SkipReason::SelfReferencingStore);
         }
-        if s.block_size % self.block_size != 0 || s.block_size / self.block_size > SPLIT_FACTOR_MAX
-        {
+        if s.block_size % self.block_size != 0 || s.block_size / self.block_size > SPLIT_FACTOR_MAX {
             return Err(SkipReason::BlockSizeMismatch);
         }
         let split = s.block_size / self.block_size;
@@ -172,9 +165,7 @@ impl WorkerConverter {
         }
         self.split_factor = split;
 
-        let mut usable = s
-            .opaque_extra_keys_from
-            .map_or(count, |i| (i as usize).min(count));
+        let mut usable = s.opaque_extra_keys_from.map_or(count, |i| (i as usize).min(count));
         if split > 1 {
             // Multimodal hashes belong to an engine block, not to a piece of it.
             if let Some(first_mm) = s.block_mm_hashes.iter().position(|h| !h.is_empty()) {
@@ -196,30 +187,19 @@ impl WorkerConverter {
             let tokens = &s.token_ids[i * engine_block..(i + 1) * engine_block];
             let mm = s.block_mm_hashes.get(i).map_or(&[][..], Vec::as_slice);
             for (j, sub) in tokens.chunks_exact(index_block).enumerate() {
-                let local_hash = if mm.is_empty() {
-                    hash::local_hash(sub, seed)
-                } else {
-                    self.local_hash_with_mm(sub, mm, seed)
-                };
+                let local_hash =
+                    if mm.is_empty() { hash::local_hash(sub, seed) } else { self.local_hash_with_mm(sub, mm, seed) };
                 // j < split <= SPLIT_FACTOR_MAX, so it fits in u32.
                 let position = j as u32;
-                let engine_hash = if position + 1 == split {
-                    engine_hash
-                } else {
-                    split_block_hash(engine_hash, position)
-                };
-                blocks.push(StoredBlock {
-                    engine_hash,
-                    local_hash,
-                });
+                let engine_hash =
+                    if position + 1 == split { engine_hash } else { split_block_hash(engine_hash, position) };
+                blocks.push(StoredBlock { engine_hash, local_hash });
             }
         }
         if let Some(salt) = salt {
             for &engine_hash in &s.block_hashes[..usable] {
-                let entry = self.salts.entry(engine_hash).or_insert_with(|| SaltEntry {
-                    salt: Arc::clone(&salt),
-                    tiers: 0,
-                });
+                let entry =
+                    self.salts.entry(engine_hash).or_insert_with(|| SaltEntry { salt: Arc::clone(&salt), tiers: 0 });
                 if *entry.salt != *salt {
                     entry.salt = Arc::clone(&salt);
                 }
@@ -233,12 +213,7 @@ impl WorkerConverter {
         Ok(())
     }
 
-    fn removed(
-        &mut self,
-        worker: WorkerId,
-        r: &RawRemoved,
-        out: &mut Vec<Event>,
-    ) -> Result<(), SkipReason> {
+    fn removed(&mut self, worker: WorkerId, r: &RawRemoved, out: &mut Vec<Event>) -> Result<(), SkipReason> {
         check_placement(r.locality.as_deref(), r.ownership.as_deref())?;
         let tier = tier_for_medium(r.medium.as_deref()).ok_or(SkipReason::UnknownMedium)?;
         self.check_group(r.group_idx, r.kv_cache_spec_kind.as_deref(), false)?;
@@ -263,10 +238,7 @@ impl WorkerConverter {
 
     /// The salt of a store: its own, else its parent's if the parent is salted.
     fn salt_for(&self, s: &RawStored) -> Option<Arc<str>> {
-        let parent = s
-            .parent_block_hash
-            .and_then(|p| self.salts.get(&p))
-            .map(|e| &e.salt);
+        let parent = s.parent_block_hash.and_then(|p| self.salts.get(&p)).map(|e| &e.salt);
         match s.cache_salt.as_deref().or(s.extra_keys_salt.as_deref()) {
             // Share the parent's allocation when the chain keeps its salt.
             Some(own) => Some(match parent {
@@ -279,12 +251,7 @@ impl WorkerConverter {
 
     /// Whether the group (and kind) of an event is the indexed main group;
     /// stores teach which groups are main.
-    fn check_group(
-        &mut self,
-        group_idx: Option<u32>,
-        kind: Option<&str>,
-        learn: bool,
-    ) -> Result<(), SkipReason> {
+    fn check_group(&mut self, group_idx: Option<u32>, kind: Option<&str>, learn: bool) -> Result<(), SkipReason> {
         if let Some(kind) = kind {
             let main = MAIN_KINDS.iter().any(|k| k.eq_ignore_ascii_case(kind));
             if let (true, Some(group)) = (learn, group_idx) {

@@ -36,45 +36,30 @@ const EVENTS_RESERVE_MAX: usize = 1024;
 /// Decodes one msgpack batch payload.
 pub fn decode_payload(payload: &[u8]) -> Result<DecodedBatch, WireError> {
     if payload.len() > PAYLOAD_BYTES_MAX {
-        return Err(WireError::message(format!(
-            "payload of {} bytes, limit {PAYLOAD_BYTES_MAX}",
-            payload.len()
-        )));
+        return Err(WireError::message(format!("payload of {} bytes, limit {PAYLOAD_BYTES_MAX}", payload.len())));
     }
     let mut r = Reader::new(payload);
     let len = r.array("batch")?;
     if len < 2 {
-        return Err(r.error(format!(
-            "batch has {len} elements, expected [ts, events, dp_rank?]"
-        )));
+        return Err(r.error(format!("batch has {len} elements, expected [ts, events, dp_rank?]")));
     }
     let timestamp = read_timestamp(&mut r)?;
     let count = r.array("events")?;
     if count > EVENTS_PER_BATCH_MAX {
-        return Err(r.error(format!(
-            "batch claims {count} events, limit {EVENTS_PER_BATCH_MAX}"
-        )));
+        return Err(r.error(format!("batch claims {count} events, limit {EVENTS_PER_BATCH_MAX}")));
     }
     let mut events = Vec::with_capacity((count as usize).min(EVENTS_RESERVE_MAX));
     for _ in 0..count {
         events.push(decode_event(&mut r)?);
     }
-    let dp_rank = if len >= 3 {
-        r.u32_or_nil("data_parallel_rank")?
-    } else {
-        None
-    };
+    let dp_rank = if len >= 3 { r.u32_or_nil("data_parallel_rank")? } else { None };
     for _ in 3..len {
         r.skip()?;
     }
     if r.remaining() != 0 {
         return Err(r.error(format!("{} trailing bytes after the batch", r.remaining())));
     }
-    Ok(DecodedBatch {
-        timestamp,
-        dp_rank,
-        events,
-    })
+    Ok(DecodedBatch { timestamp, dp_rank, events })
 }
 
 fn read_timestamp(r: &mut Reader<'_>) -> Result<f64, WireError> {
@@ -83,10 +68,7 @@ fn read_timestamp(r: &mut Reader<'_>) -> Result<f64, WireError> {
         Item::Float(v) => Ok(v),
         Item::Uint(v) => Ok(v as f64),
         Item::Int(v) => Ok(v as f64),
-        other => Err(WireError::at(
-            start,
-            format!("timestamp: expected a number, found {}", other.kind()),
-        )),
+        other => Err(WireError::at(start, format!("timestamp: expected a number, found {}", other.kind()))),
     }
 }
 
@@ -130,13 +112,7 @@ fn decode_event(r: &mut Reader<'_>) -> Result<RawEvent, WireError> {
         Item::Array(len) => read_positional(r, len, start)?,
         Item::Map(len) => read_map(r, len)?,
         other => {
-            return Err(WireError::at(
-                start,
-                format!(
-                    "event: expected a tagged map or array, found {}",
-                    other.kind()
-                ),
-            ))
+            return Err(WireError::at(start, format!("event: expected a tagged map or array, found {}", other.kind())))
         }
     };
     finish(fields, start)
@@ -146,27 +122,17 @@ fn read_tag<'a>(r: &mut Reader<'a>) -> Result<&'a str, WireError> {
     let start = r.pos();
     match r.next()? {
         Item::Str(bytes) => r.utf8(start, "event type", bytes, STRING_BYTES_MAX),
-        other => Err(WireError::at(
-            start,
-            format!("event type: expected a string, found {}", other.kind()),
-        )),
+        other => Err(WireError::at(start, format!("event type: expected a string, found {}", other.kind()))),
     }
 }
 
-fn read_positional<'a>(
-    r: &mut Reader<'a>,
-    len: u32,
-    start: usize,
-) -> Result<Fields<'a>, WireError> {
+fn read_positional<'a>(r: &mut Reader<'a>, len: u32, start: usize) -> Result<Fields<'a>, WireError> {
     if len == 0 {
         return Err(WireError::at(start, "event array is empty: no type tag"));
     }
     let tag = read_tag(r)?;
     let kind = tag_of(tag);
-    let mut f = Fields {
-        tag: Some(tag),
-        ..Fields::default()
-    };
+    let mut f = Fields { tag: Some(tag), ..Fields::default() };
     for position in 1..len {
         match (kind, position) {
             (Tag::Stored | Tag::Removed, 1) => f.block_hashes = Some(read_hashes(r)?),
@@ -178,9 +144,7 @@ fn read_positional<'a>(
             (Tag::Stored, 7) => read_lora_slot(r, &mut f)?,
             (Tag::Stored, 8) => f.extra_keys = read_extra_keys(r)?,
             (Tag::Stored, 9) | (Tag::Removed, 3) => f.group_idx = r.u32_or_nil("group_idx")?,
-            (Tag::Stored, 10) | (Tag::Removed, 4) => {
-                f.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?
-            }
+            (Tag::Stored, 10) | (Tag::Removed, 4) => f.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
             (Tag::Stored, 12) | (Tag::Removed, 6) => f.locality = read_str(r, "locality")?,
             (Tag::Stored, 13) | (Tag::Removed, 7) => f.ownership = read_str(r, "ownership")?,
             _ => r.skip()?,
@@ -238,10 +202,7 @@ fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
             let token_ids = f.token_ids.ok_or_else(|| missing("token_ids"))?;
             let block_size = f.block_size.ok_or_else(|| missing("block_size"))?;
             let lora_name = f.lora_name.filter(|s| !s.is_empty());
-            let classified = f
-                .extra_keys
-                .map(|keys| classify(&keys, lora_name))
-                .unwrap_or_default();
+            let classified = f.extra_keys.map(|keys| classify(&keys, lora_name)).unwrap_or_default();
             Ok(RawEvent::Stored(RawStored {
                 block_hashes,
                 parent_block_hash: f.parent_block_hash,
@@ -288,10 +249,7 @@ fn hash_of(start: usize, item: Item<'_>) -> Result<u64, WireError> {
         }
         other => Err(WireError::at(
             start,
-            format!(
-                "block hash: expected an integer or non-empty bytes, found {}",
-                other.kind()
-            ),
+            format!("block hash: expected an integer or non-empty bytes, found {}", other.kind()),
         )),
     }
 }
@@ -307,9 +265,7 @@ fn read_hash_or_nil(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
 fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, WireError> {
     let len = r.array("block_hashes")?;
     if len > BLOCKS_PER_EVENT_MAX {
-        return Err(r.error(format!(
-            "block_hashes: {len} hashes, limit {BLOCKS_PER_EVENT_MAX}"
-        )));
+        return Err(r.error(format!("block_hashes: {len} hashes, limit {BLOCKS_PER_EVENT_MAX}")));
     }
     // The reader guarantees len <= bytes left, so this reserve is bounded by the payload.
     let mut out = Vec::with_capacity(len as usize);
@@ -327,13 +283,7 @@ fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, WireError> {
 
 fn token_of(start: usize, item: Item<'_>) -> Result<u32, WireError> {
     item_to_u32(item).ok_or_else(|| {
-        WireError::at(
-            start,
-            format!(
-                "token id: expected an integer in 0..=u32::MAX, found {}",
-                describe(item)
-            ),
-        )
+        WireError::at(start, format!("token id: expected an integer in 0..=u32::MAX, found {}", describe(item)))
     })
 }
 
@@ -341,9 +291,7 @@ fn token_of(start: usize, item: Item<'_>) -> Result<u32, WireError> {
 fn read_tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, WireError> {
     let len = r.array("token_ids")?;
     if len > TOKENS_PER_EVENT_MAX {
-        return Err(r.error(format!(
-            "token_ids: {len} tokens, limit {TOKENS_PER_EVENT_MAX}"
-        )));
+        return Err(r.error(format!("token_ids: {len} tokens, limit {TOKENS_PER_EVENT_MAX}")));
     }
     let len = len as usize;
     let mut out = Vec::with_capacity(len);
@@ -373,13 +321,7 @@ fn read_block_size(r: &mut Reader<'_>) -> Result<u32, WireError> {
     let start = r.pos();
     let item = r.next()?;
     item_to_u32(item).ok_or_else(|| {
-        WireError::at(
-            start,
-            format!(
-                "block_size: expected an integer in 0..=u32::MAX, found {}",
-                describe(item)
-            ),
-        )
+        WireError::at(start, format!("block_size: expected an integer in 0..=u32::MAX, found {}", describe(item)))
     })
 }
 
@@ -389,13 +331,7 @@ fn read_lora_id(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
         Item::Nil => Ok(None),
         Item::Uint(v) => Ok(Some(v)),
         Item::Int(v) => Ok(Some(v as u64)),
-        other => Err(WireError::at(
-            start,
-            format!(
-                "lora_id: expected an integer or nil, found {}",
-                other.kind()
-            ),
-        )),
+        other => Err(WireError::at(start, format!("lora_id: expected an integer or nil, found {}", other.kind()))),
     }
 }
 
@@ -405,9 +341,7 @@ fn read_lora_slot<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>) -> Result<(), Wire
     let start = r.pos();
     match r.next()? {
         Item::Nil => {}
-        Item::Str(bytes) => {
-            f.lora_name = Some(r.utf8(start, "lora_name", bytes, STRING_BYTES_MAX)?)
-        }
+        Item::Str(bytes) => f.lora_name = Some(r.utf8(start, "lora_name", bytes, STRING_BYTES_MAX)?),
         Item::Map(len) => {
             for _ in 0..len {
                 match r.next()? {
@@ -420,13 +354,7 @@ fn read_lora_slot<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>) -> Result<(), Wire
             }
         }
         other => {
-            return Err(WireError::at(
-                start,
-                format!(
-                    "lora_name: expected a string or nil, found {}",
-                    other.kind()
-                ),
-            ))
+            return Err(WireError::at(start, format!("lora_name: expected a string or nil, found {}", other.kind())))
         }
     }
     Ok(())
@@ -437,9 +365,7 @@ fn read_extra_keys<'a>(r: &mut Reader<'a>) -> Result<Option<BlockKeys<'a>>, Wire
         return Ok(None);
     };
     if len > BLOCKS_PER_EVENT_MAX {
-        return Err(r.error(format!(
-            "extra_keys: {len} entries, limit {BLOCKS_PER_EVENT_MAX}"
-        )));
+        return Err(r.error(format!("extra_keys: {len} entries, limit {BLOCKS_PER_EVENT_MAX}")));
     }
     let mut blocks = Vec::with_capacity(len as usize);
     for _ in 0..len {
@@ -459,12 +385,7 @@ fn read_extra_keys<'a>(r: &mut Reader<'a>) -> Result<Option<BlockKeys<'a>>, Wire
 fn read_extra_key<'a>(r: &mut Reader<'a>) -> Result<ExtraKey<'a>, WireError> {
     let start = r.pos();
     match r.next()? {
-        Item::Str(bytes) => Ok(ExtraKey::Text(r.utf8(
-            start,
-            "extra key",
-            bytes,
-            STRING_BYTES_MAX,
-        )?)),
+        Item::Str(bytes) => Ok(ExtraKey::Text(r.utf8(start, "extra key", bytes, STRING_BYTES_MAX)?)),
         Item::Array(2) => {
             let first_start = r.pos();
             let first = r.next()?;

@@ -208,15 +208,7 @@ fn positional_vllm_layout_with_trailing_extras() {
 #[test]
 fn positional_short_tuples_and_sglang_salt_slot() {
     // vLLM 0.9: [tag, hashes, parent, tokens, block_size, lora_id]
-    let short = Mp::new()
-        .arr(6)
-        .s("BlockStored")
-        .hashes(&[1])
-        .u(9)
-        .u32s(&tokens(4))
-        .u(4)
-        .nil()
-        .done();
+    let short = Mp::new().arr(6).s("BlockStored").hashes(&[1]).u(9).u32s(&tokens(4)).u(4).nil().done();
     let s = stored(only_event(&batch(&[short], None)));
     assert_eq!((s.parent_block_hash, s.medium.clone()), (Some(9), None));
     // A map in the lora_name slot carries SGLang's cache_salt.
@@ -264,29 +256,13 @@ fn every_hash_form_normalises_to_u64() {
     };
     assert_eq!(
         r.block_hashes,
-        vec![
-            7,
-            255,
-            256,
-            65536,
-            0xf000_0000_0000_0001,
-            u64::MAX,
-            1 << 63,
-            0x0102_0304_0506_0708,
-            0x0102
-        ]
+        vec![7, 255, 256, 65536, 0xf000_0000_0000_0001, u64::MAX, 1 << 63, 0x0102_0304_0506_0708, 0x0102]
     );
 }
 
 #[test]
 fn removed_cleared_and_unknown_in_both_encodings() {
-    let removed_pos = Mp::new()
-        .arr(4)
-        .s("BlockRemoved")
-        .hashes(&[3])
-        .s("CPU")
-        .u(0)
-        .done();
+    let removed_pos = Mp::new().arr(4).s("BlockRemoved").hashes(&[3]).s("CPU").u(0).done();
     let removed_map = Mp::new()
         .map(4)
         .s("medium")
@@ -300,25 +276,10 @@ fn removed_cleared_and_unknown_in_both_encodings() {
         .done();
     let cleared_pos = Mp::new().arr(1).s("AllBlocksCleared").done();
     let cleared_map = Mp::new().map(1).s("type").s("AllBlocksCleared").done();
-    let unknown_pos = Mp::new()
-        .arr(3)
-        .s("BlockUpdated")
-        .map(1)
-        .s("a")
-        .arr(1)
-        .nil()
-        .u(1)
-        .done();
+    let unknown_pos = Mp::new().arr(3).s("BlockUpdated").map(1).s("a").arr(1).nil().u(1).done();
     let unknown_map = Mp::new().map(2).s("type").s("Ignored").s("x").arr(0).done();
     let b = decode_payload(&batch(
-        &[
-            removed_pos,
-            removed_map,
-            cleared_pos,
-            cleared_map,
-            unknown_pos,
-            unknown_map,
-        ],
+        &[removed_pos, removed_map, cleared_pos, cleared_map, unknown_pos, unknown_map],
         Some(None),
     ))
     .unwrap();
@@ -335,44 +296,17 @@ fn removed_cleared_and_unknown_in_both_encodings() {
     );
     assert_eq!(
         b.events[1],
-        RawEvent::Removed(RawRemoved {
-            block_hashes: vec![4],
-            locality: Some("LOCAL".into()),
-            ..Default::default()
-        })
+        RawEvent::Removed(RawRemoved { block_hashes: vec![4], locality: Some("LOCAL".into()), ..Default::default() })
     );
-    assert_eq!(
-        &b.events[2..],
-        &[
-            RawEvent::Cleared,
-            RawEvent::Cleared,
-            RawEvent::Unknown,
-            RawEvent::Unknown
-        ]
-    );
+    assert_eq!(&b.events[2..], &[RawEvent::Cleared, RawEvent::Cleared, RawEvent::Unknown, RawEvent::Unknown]);
 }
 
 #[test]
 fn batch_rank_absent_nil_present_and_trailing_elements() {
     let cleared = Mp::new().arr(1).s("AllBlocksCleared").done();
-    assert_eq!(
-        decode_payload(&batch(std::slice::from_ref(&cleared), None))
-            .unwrap()
-            .dp_rank,
-        None
-    );
-    assert_eq!(
-        decode_payload(&batch(std::slice::from_ref(&cleared), Some(None)))
-            .unwrap()
-            .dp_rank,
-        None
-    );
-    assert_eq!(
-        decode_payload(&batch(std::slice::from_ref(&cleared), Some(Some(7))))
-            .unwrap()
-            .dp_rank,
-        Some(7)
-    );
+    assert_eq!(decode_payload(&batch(std::slice::from_ref(&cleared), None)).unwrap().dp_rank, None);
+    assert_eq!(decode_payload(&batch(std::slice::from_ref(&cleared), Some(None))).unwrap().dp_rank, None);
+    assert_eq!(decode_payload(&batch(std::slice::from_ref(&cleared), Some(Some(7)))).unwrap().dp_rank, Some(7));
     let longer = Mp::new().arr(5).u(3).arr(0).u(1).s("extra").map(0).done();
     let b = decode_payload(&longer).unwrap();
     assert_eq!((b.timestamp, b.dp_rank, b.events.len()), (3.0, Some(1), 0));
@@ -380,24 +314,9 @@ fn batch_rank_absent_nil_present_and_trailing_elements() {
 
 #[test]
 fn bigram_token_pairs_keep_the_first_token() {
-    let ev = Mp::new()
-        .arr(5)
-        .s("BlockStored")
-        .hashes(&[1])
-        .nil()
-        .arr(2)
-        .arr(2)
-        .u(10)
-        .u(11)
-        .arr(2)
-        .u(11)
-        .u(12)
-        .u(2)
-        .done();
-    assert_eq!(
-        stored(only_event(&batch(&[ev], None))).token_ids,
-        vec![10, 11]
-    );
+    let ev =
+        Mp::new().arr(5).s("BlockStored").hashes(&[1]).nil().arr(2).arr(2).u(10).u(11).arr(2).u(11).u(12).u(2).done();
+    assert_eq!(stored(only_event(&batch(&[ev], None))).token_ids, vec![10, 11]);
 }
 
 #[test]
@@ -443,18 +362,9 @@ fn malformed_batches_fail_with_a_reason() {
     assert_err(&Mp::new().map(0).done(), "expected an array");
     assert_err(&Mp::new().arr(1).f(1.0).done(), "batch has 1 elements");
     assert_err(&Mp::new().arr(2).s("now").arr(0).done(), "timestamp");
-    assert_err(
-        &Mp::new().arr(2).f(1.0).nil().done(),
-        "events: expected an array",
-    );
-    assert_err(
-        &Mp::new().arr(3).f(1.0).arr(0).i(-1).done(),
-        "data_parallel_rank",
-    );
-    assert_err(
-        &Mp::new().arr(3).f(1.0).arr(0).u(1 << 40).done(),
-        "data_parallel_rank",
-    );
+    assert_err(&Mp::new().arr(2).f(1.0).nil().done(), "events: expected an array");
+    assert_err(&Mp::new().arr(3).f(1.0).arr(0).i(-1).done(), "data_parallel_rank");
+    assert_err(&Mp::new().arr(3).f(1.0).arr(0).u(1 << 40).done(), "data_parallel_rank");
     let mut trailing = batch(&[cleared], None);
     trailing.push(0xc0);
     assert_err(&trailing, "trailing bytes");
@@ -468,134 +378,53 @@ fn malformed_events_fail_with_a_reason() {
     assert_err(&ev(Mp::new().u(1).done()), "tagged map or array");
     assert_err(&ev(Mp::new().arr(0).done()), "no type tag");
     assert_err(&ev(Mp::new().arr(1).u(1).done()), "event type");
-    assert_err(
-        &ev(Mp::new().map(1).s("block_hashes").hashes(&[1]).done()),
-        "no \"type\"",
-    );
-    assert_err(
-        &ev(Mp::new().arr(3).s("BlockStored").hashes(&[1]).nil().done()),
-        "without token_ids",
-    );
-    assert_err(
-        &ev(Mp::new().arr(1).s("BlockRemoved").done()),
-        "without block_hashes",
-    );
-    assert_err(
-        &ev(Mp::new().arr(2).s("BlockRemoved").arr(1).s("h").done()),
-        "block hash",
-    );
-    assert_err(
-        &ev(Mp::new().arr(2).s("BlockRemoved").arr(1).bin(&[]).done()),
-        "non-empty bytes",
-    );
-    assert_err(
-        &ev(Mp::new().arr(2).s("BlockRemoved").nil().done()),
-        "block_hashes: expected an array",
-    );
+    assert_err(&ev(Mp::new().map(1).s("block_hashes").hashes(&[1]).done()), "no \"type\"");
+    assert_err(&ev(Mp::new().arr(3).s("BlockStored").hashes(&[1]).nil().done()), "without token_ids");
+    assert_err(&ev(Mp::new().arr(1).s("BlockRemoved").done()), "without block_hashes");
+    assert_err(&ev(Mp::new().arr(2).s("BlockRemoved").arr(1).s("h").done()), "block hash");
+    assert_err(&ev(Mp::new().arr(2).s("BlockRemoved").arr(1).bin(&[]).done()), "non-empty bytes");
+    assert_err(&ev(Mp::new().arr(2).s("BlockRemoved").nil().done()), "block_hashes: expected an array");
     let store = |tokens: Mp, size: Mp| {
-        ev(Mp::new()
-            .arr(5)
-            .s("BlockStored")
-            .hashes(&[1])
-            .nil()
-            .raw(&tokens.done())
-            .raw(&size.done())
-            .done())
+        ev(Mp::new().arr(5).s("BlockStored").hashes(&[1]).nil().raw(&tokens.done()).raw(&size.done()).done())
     };
     assert_err(&store(Mp::new().arr(1).i(-1), Mp::new().u(1)), "token id");
-    assert_err(
-        &store(Mp::new().arr(1).u(1 << 32), Mp::new().u(1)),
-        "token id",
-    );
+    assert_err(&store(Mp::new().arr(1).u(1 << 32), Mp::new().u(1)), "token id");
     assert_err(&store(Mp::new().arr(1).s("a"), Mp::new().u(1)), "token id");
     assert_err(&store(Mp::new().u32s(&[1]), Mp::new().i(-16)), "block_size");
-    assert_err(
-        &store(Mp::new().u32s(&[1]), Mp::new().u(1 << 33)),
-        "block_size",
-    );
+    assert_err(&store(Mp::new().u32s(&[1]), Mp::new().u(1 << 33)), "block_size");
     assert_err(&store(Mp::new().u32s(&[1]), Mp::new().nil()), "block_size");
-    let bad_utf8 = Mp::new()
-        .arr(3)
-        .s("BlockRemoved")
-        .hashes(&[1])
-        .raw(&[0xa2, 0xff, 0xfe])
-        .done();
+    let bad_utf8 = Mp::new().arr(3).s("BlockRemoved").hashes(&[1]).raw(&[0xa2, 0xff, 0xfe]).done();
     assert_err(&ev(bad_utf8), "not UTF-8");
     let wrong_medium = Mp::new().arr(3).s("BlockRemoved").hashes(&[1]).u(5).done();
     assert_err(&ev(wrong_medium), "medium");
-    let wrong_group = Mp::new()
-        .map(3)
-        .s("type")
-        .s("BlockRemoved")
-        .s("block_hashes")
-        .hashes(&[1])
-        .s("group_idx")
-        .s("0")
-        .done();
+    let wrong_group =
+        Mp::new().map(3).s("type").s("BlockRemoved").s("block_hashes").hashes(&[1]).s("group_idx").s("0").done();
     assert_err(&ev(wrong_group), "group_idx");
-    let wrong_lora = Mp::new()
-        .arr(8)
-        .s("BlockStored")
-        .hashes(&[1])
-        .nil()
-        .u32s(&[1])
-        .u(1)
-        .nil()
-        .nil()
-        .u(5)
-        .done();
+    let wrong_lora = Mp::new().arr(8).s("BlockStored").hashes(&[1]).nil().u32s(&[1]).u(1).nil().nil().u(5).done();
     assert_err(&ev(wrong_lora), "lora_name");
 }
 
 #[test]
 fn every_truncation_of_a_valid_payload_fails() {
-    let ev = stored_map_fields(Mp::new().map(8))
-        .s("type")
-        .s("BlockStored")
-        .done();
-    let payload = batch(
-        &[ev, Mp::new().arr(1).s("AllBlocksCleared").done()],
-        Some(Some(1)),
-    );
+    let ev = stored_map_fields(Mp::new().map(8)).s("type").s("BlockStored").done();
+    let payload = batch(&[ev, Mp::new().arr(1).s("AllBlocksCleared").done()], Some(Some(1)));
     decode_payload(&payload).unwrap();
     for cut in 0..payload.len() {
-        assert!(
-            decode_payload(&payload[..cut]).is_err(),
-            "prefix of {cut} bytes decoded"
-        );
+        assert!(decode_payload(&payload[..cut]).is_err(), "prefix of {cut} bytes decoded");
     }
 }
 
 #[test]
 fn absurd_lengths_fail_before_allocating() {
     // A header claiming more elements than bytes remain.
-    assert_err(
-        &[
-            0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0x7f, 0xff, 0xff, 0xff,
-        ],
-        "claims",
-    );
+    assert_err(&[0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0x7f, 0xff, 0xff, 0xff], "claims");
     // Counts within the bytes but over the named limits.
     let over = EVENTS_PER_BATCH_MAX + 1;
-    let mut many = Mp::new()
-        .arr(2)
-        .f(0.0)
-        .raw(&[0xdd])
-        .raw(&over.to_be_bytes())
-        .done();
+    let mut many = Mp::new().arr(2).f(0.0).raw(&[0xdd]).raw(&over.to_be_bytes()).done();
     many.resize(many.len() + over as usize, 0xc0);
     assert_err(&many, "limit");
     let tokens_over = TOKENS_PER_EVENT_MAX + 1;
-    let mut long = Mp::new()
-        .arr(2)
-        .f(0.0)
-        .arr(1)
-        .arr(5)
-        .s("BlockStored")
-        .hashes(&[1])
-        .nil()
-        .raw(&[0xdd])
-        .done();
+    let mut long = Mp::new().arr(2).f(0.0).arr(1).arr(5).s("BlockStored").hashes(&[1]).nil().raw(&[0xdd]).done();
     long.extend(tokens_over.to_be_bytes());
     long.resize(long.len() + tokens_over as usize, 0x01);
     assert_err(&long, "limit");
@@ -604,12 +433,7 @@ fn absurd_lengths_fail_before_allocating() {
 
 #[test]
 fn deep_nesting_in_an_unknown_field_fails_cleanly() {
-    let mut ev = Mp::new()
-        .map(2)
-        .s("type")
-        .s("AllBlocksCleared")
-        .s("deep")
-        .done();
+    let mut ev = Mp::new().map(2).s("type").s("AllBlocksCleared").s("deep").done();
     ev.extend(std::iter::repeat(0x91).take(10_000));
     ev.push(0xc0);
     assert_err(&batch(&[ev], None), "nesting");

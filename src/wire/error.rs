@@ -15,18 +15,12 @@ pub struct WireError {
 impl WireError {
     /// An error about the message as a whole (frame shape, sizes).
     pub(crate) fn message(message: impl Into<String>) -> Self {
-        Self {
-            offset: None,
-            message: message.into(),
-        }
+        Self { offset: None, message: message.into() }
     }
 
     /// An error at byte `offset` of the msgpack payload.
     pub(crate) fn at(offset: usize, message: impl Into<String>) -> Self {
-        Self {
-            offset: Some(offset),
-            message: message.into(),
-        }
+        Self { offset: Some(offset), message: message.into() }
     }
 
     /// Byte offset in the payload where decoding failed, if the error is about the payload.
@@ -38,11 +32,7 @@ impl WireError {
 impl fmt::Display for WireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.offset {
-            Some(offset) => write!(
-                f,
-                "malformed KV event payload at byte {offset}: {}",
-                self.message
-            ),
+            Some(offset) => write!(f, "malformed KV event payload at byte {offset}: {}", self.message),
             None => write!(f, "malformed KV event message: {}", self.message),
         }
     }

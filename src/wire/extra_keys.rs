@@ -45,10 +45,7 @@ pub(crate) struct Classified {
 /// The multimodal hash carried by an identifier in Dynamo's marked form.
 fn marked_mm_hash(text: &str) -> Option<u64> {
     let bytes = text.as_bytes();
-    if bytes.len() == 64
-        && bytes[..16].iter().all(u8::is_ascii_hexdigit)
-        && bytes[16..].iter().all(|&b| b == b'0')
-    {
+    if bytes.len() == 64 && bytes[..16].iter().all(u8::is_ascii_hexdigit) && bytes[16..].iter().all(|&b| b == b'0') {
         return u64::from_str_radix(&text[..16], 16).ok();
     }
     None
@@ -109,10 +106,7 @@ mod tests {
 
     #[test]
     fn tagged_salt_in_first_block_after_lora() {
-        let blocks = vec![
-            Some(vec![Text("adapter-a"), Text("dynamo-cache-salt:adapter-a")]),
-            None,
-        ];
+        let blocks = vec![Some(vec![Text("adapter-a"), Text("dynamo-cache-salt:adapter-a")]), None];
         let c = classify(&blocks, Some("adapter-a"));
         assert_eq!(c.salt.as_deref(), Some("adapter-a"));
         assert_eq!(c.opaque_from, None);
@@ -129,10 +123,7 @@ mod tests {
 
     #[test]
     fn salt_outside_the_first_block_or_empty_is_ignored() {
-        let blocks = vec![
-            Some(vec![Text("dynamo-cache-salt:")]),
-            Some(vec![Text("dynamo-cache-salt:x")]),
-        ];
+        let blocks = vec![Some(vec![Text("dynamo-cache-salt:")]), Some(vec![Text("dynamo-cache-salt:x")])];
         let c = classify(&blocks, None);
         assert_eq!(c.salt, None);
         assert_eq!(c.opaque_from, None);
@@ -142,10 +133,7 @@ mod tests {
     fn marked_mm_hashes_are_parsed_and_sorted() {
         let blocks = vec![None, Some(vec![TextWithOffset(MM_B), Text(MM_A)])];
         let c = classify(&blocks, None);
-        assert_eq!(
-            c.block_mm_hashes,
-            vec![vec![], vec![0xaa, 0x0123_4567_89ab_cdef]]
-        );
+        assert_eq!(c.block_mm_hashes, vec![vec![], vec![0xaa, 0x0123_4567_89ab_cdef]]);
         assert_eq!(c.opaque_from, None);
     }
 

@@ -8,10 +8,7 @@ pub const REPLAY_END_SEQ: u64 = u64::MAX;
 
 fn seq_of(frame: &[u8], what: &str) -> Result<u64, WireError> {
     let bytes: [u8; 8] = frame.try_into().map_err(|_| {
-        WireError::message(format!(
-            "{what}: sequence frame has {} bytes, expected 8 (u64 big-endian)",
-            frame.len()
-        ))
+        WireError::message(format!("{what}: sequence frame has {} bytes, expected 8 (u64 big-endian)", frame.len()))
     })?;
     Ok(u64::from_be_bytes(bytes))
 }
@@ -50,9 +47,7 @@ pub fn split_replay_frames(frames: &[Vec<u8>]) -> Result<ReplayReply<'_>, WireEr
         }
     };
     if !delimiter.is_empty() {
-        return Err(WireError::message(
-            "replay reply does not start with an empty delimiter frame",
-        ));
+        return Err(WireError::message("replay reply does not start with an empty delimiter frame"));
     }
     let seq = seq_of(seq, "replay reply")?;
     if seq == REPLAY_END_SEQ {
@@ -99,13 +94,7 @@ mod tests {
         let three = vec![vec![], seq.clone(), vec![7]];
         let four = vec![vec![], b"topic".to_vec(), seq.clone(), vec![7]];
         for frames in [&three, &four] {
-            assert_eq!(
-                split_replay_frames(frames).unwrap(),
-                ReplayReply::Batch {
-                    seq: 9,
-                    payload: &[7]
-                }
-            );
+            assert_eq!(split_replay_frames(frames).unwrap(), ReplayReply::Batch { seq: 9, payload: &[7] });
         }
         let end3 = vec![vec![], vec![0xff; 8], vec![]];
         let end4 = vec![vec![], vec![], vec![0xff; 8], vec![]];

@@ -26,18 +26,14 @@ mod msgpack;
 mod raw;
 mod skip;
 
-pub use convert::{
-    split_block_hash, WorkerConverter, GROUPS_TRACKED_MAX, SALTED_BLOCKS_MAX, SPLIT_FACTOR_MAX,
-};
+pub use convert::{split_block_hash, WorkerConverter, GROUPS_TRACKED_MAX, SALTED_BLOCKS_MAX, SPLIT_FACTOR_MAX};
 pub use decode::{
-    decode_payload, BLOCKS_PER_EVENT_MAX, EVENTS_PER_BATCH_MAX, PAYLOAD_BYTES_MAX,
-    STRING_BYTES_MAX, TOKENS_PER_EVENT_MAX,
+    decode_payload, BLOCKS_PER_EVENT_MAX, EVENTS_PER_BATCH_MAX, PAYLOAD_BYTES_MAX, STRING_BYTES_MAX,
+    TOKENS_PER_EVENT_MAX,
 };
 pub use error::WireError;
 pub use extra_keys::CACHE_SALT_TAG;
-pub use frames::{
-    replay_request_frames, split_frames, split_replay_frames, ReplayReply, REPLAY_END_SEQ,
-};
+pub use frames::{replay_request_frames, split_frames, split_replay_frames, ReplayReply, REPLAY_END_SEQ};
 pub use medium::tier_for_medium;
 pub use msgpack::DEPTH_MAX;
 pub use raw::{DecodedBatch, RawEvent, RawRemoved, RawStored};

@@ -82,10 +82,7 @@ impl<'a> Reader<'a> {
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         if n > self.remaining() {
-            return Err(self.error(format!(
-                "truncated: needs {n} more bytes, {} left",
-                self.remaining()
-            )));
+            return Err(self.error(format!("truncated: needs {n} more bytes, {} left", self.remaining())));
         }
         let bytes = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -107,17 +104,15 @@ impl<'a> Reader<'a> {
     }
 
     fn len32(&mut self) -> Result<usize, WireError> {
-        usize::try_from(u32::from_be_bytes(self.be()?))
-            .map_err(|_| self.error("length does not fit this platform"))
+        usize::try_from(u32::from_be_bytes(self.be()?)).map_err(|_| self.error("length does not fit this platform"))
     }
 
     fn container(&mut self, len: usize, per_element: usize) -> Result<u32, WireError> {
         // Every element takes at least one byte: a longer claim is a lie.
         if len.saturating_mul(per_element) > self.remaining() {
-            return Err(self.error(format!(
-                "container claims {len} elements but only {} bytes remain",
-                self.remaining()
-            )));
+            return Err(
+                self.error(format!("container claims {len} elements but only {} bytes remain", self.remaining()))
+            );
         }
         u32::try_from(len).map_err(|_| self.error("container length over u32"))
     }
@@ -225,14 +220,8 @@ impl<'a> Reader<'a> {
         let (value, used) = match *rest.first()? {
             b @ 0x00..=0x7f => (u64::from(b), 1),
             0xcc => (u64::from(*rest.get(1)?), 2),
-            0xcd => (
-                u64::from(u16::from_be_bytes(rest.get(1..3)?.try_into().ok()?)),
-                3,
-            ),
-            0xce => (
-                u64::from(u32::from_be_bytes(rest.get(1..5)?.try_into().ok()?)),
-                5,
-            ),
+            0xcd => (u64::from(u16::from_be_bytes(rest.get(1..3)?.try_into().ok()?)), 3),
+            0xce => (u64::from(u32::from_be_bytes(rest.get(1..5)?.try_into().ok()?)), 5),
             0xcf => (u64::from_be_bytes(rest.get(1..9)?.try_into().ok()?), 9),
             _ => return None,
         };
@@ -304,10 +293,7 @@ impl<'a> Reader<'a> {
         let start = self.pos;
         match self.next()? {
             Item::Array(n) => Ok(n),
-            other => Err(WireError::at(
-                start,
-                format!("{what}: expected an array, found {}", other.kind()),
-            )),
+            other => Err(WireError::at(start, format!("{what}: expected an array, found {}", other.kind()))),
         }
     }
 
@@ -317,46 +303,26 @@ impl<'a> Reader<'a> {
         match self.next()? {
             Item::Array(n) => Ok(Some(n)),
             Item::Nil => Ok(None),
-            other => Err(WireError::at(
-                start,
-                format!("{what}: expected an array or nil, found {}", other.kind()),
-            )),
+            other => Err(WireError::at(start, format!("{what}: expected an array or nil, found {}", other.kind()))),
         }
     }
 
     /// Reads a UTF-8 string or nil, at most `len_max` bytes long.
-    pub(crate) fn str_or_nil(
-        &mut self,
-        what: &str,
-        len_max: usize,
-    ) -> Result<Option<&'a str>, WireError> {
+    pub(crate) fn str_or_nil(&mut self, what: &str, len_max: usize) -> Result<Option<&'a str>, WireError> {
         let start = self.pos;
         match self.next()? {
             Item::Nil => Ok(None),
             Item::Str(bytes) => Ok(Some(self.utf8(start, what, bytes, len_max)?)),
-            other => Err(WireError::at(
-                start,
-                format!("{what}: expected a string or nil, found {}", other.kind()),
-            )),
+            other => Err(WireError::at(start, format!("{what}: expected a string or nil, found {}", other.kind()))),
         }
     }
 
     /// Checks that `bytes` (read at `start`) is UTF-8 of at most `len_max` bytes.
-    pub(crate) fn utf8(
-        &self,
-        start: usize,
-        what: &str,
-        bytes: &'a [u8],
-        len_max: usize,
-    ) -> Result<&'a str, WireError> {
+    pub(crate) fn utf8(&self, start: usize, what: &str, bytes: &'a [u8], len_max: usize) -> Result<&'a str, WireError> {
         if bytes.len() > len_max {
-            return Err(WireError::at(
-                start,
-                format!("{what}: string of {} bytes, limit {len_max}", bytes.len()),
-            ));
+            return Err(WireError::at(start, format!("{what}: string of {} bytes, limit {len_max}", bytes.len())));
         }
-        std::str::from_utf8(bytes)
-            .map_err(|_| WireError::at(start, format!("{what}: string is not UTF-8")))
+        std::str::from_utf8(bytes).map_err(|_| WireError::at(start, format!("{what}: string is not UTF-8")))
     }
 
     /// Reads a non-negative integer of any width that fits in u32, or nil.
@@ -365,13 +331,7 @@ impl<'a> Reader<'a> {
         match self.next()? {
             Item::Nil => Ok(None),
             item => item_to_u32(item).map(Some).ok_or_else(|| {
-                WireError::at(
-                    start,
-                    format!(
-                        "{what}: expected an integer in 0..=u32::MAX, found {}",
-                        describe(item)
-                    ),
-                )
+                WireError::at(start, format!("{what}: expected an integer in 0..=u32::MAX, found {}", describe(item)))
             }),
         }
     }
@@ -445,30 +405,15 @@ mod tests {
         bytes.extend(1.5f32.to_be_bytes());
         bytes.push(0xcb);
         bytes.extend(2.25f64.to_be_bytes());
-        bytes.extend([
-            0xa2, b'h', b'i', 0xd9, 1, b'x', 0xda, 0, 1, b'y', 0xdb, 0, 0, 0, 1, b'z',
-        ]);
+        bytes.extend([0xa2, b'h', b'i', 0xd9, 1, b'x', 0xda, 0, 1, b'y', 0xdb, 0, 0, 0, 1, b'z']);
         bytes.extend([0xc4, 2, 7, 8, 0xc5, 0, 1, 9, 0xc6, 0, 0, 0, 0]);
         bytes.extend([0x91, 0xc0, 0xdc, 0, 1, 0xc2, 0xdd, 0, 0, 0, 1, 0xc3]);
-        bytes.extend([
-            0x81, 0xc0, 0xc0, 0xde, 0, 1, 0xc0, 0xc0, 0xdf, 0, 0, 0, 1, 0xc0, 0xc0,
-        ]);
+        bytes.extend([0x81, 0xc0, 0xc0, 0xde, 0, 1, 0xc0, 0xc0, 0xdf, 0, 0, 0, 1, 0xc0, 0xc0]);
         let got = items(&bytes).unwrap();
         assert_eq!(got[0], Item::Float(1.5));
         assert_eq!(got[1], Item::Float(2.25));
-        assert_eq!(
-            &got[2..6],
-            &[
-                Item::Str(b"hi"),
-                Item::Str(b"x"),
-                Item::Str(b"y"),
-                Item::Str(b"z")
-            ]
-        );
-        assert_eq!(
-            &got[6..9],
-            &[Item::Bin(&[7, 8]), Item::Bin(&[9]), Item::Bin(&[])]
-        );
+        assert_eq!(&got[2..6], &[Item::Str(b"hi"), Item::Str(b"x"), Item::Str(b"y"), Item::Str(b"z")]);
+        assert_eq!(&got[6..9], &[Item::Bin(&[7, 8]), Item::Bin(&[9]), Item::Bin(&[])]);
         assert_eq!(got[9], Item::Array(1));
         assert_eq!(got[11], Item::Array(1));
         assert_eq!(got[13], Item::Array(1));
@@ -501,15 +446,11 @@ mod tests {
 
     #[test]
     fn uint_fast_agrees_with_next_and_leaves_other_items() {
-        let bytes = [
-            0x05, 0xcc, 0xff, 0xcd, 1, 0, 0xce, 0, 1, 0, 0, 0xcf, 0xff, 0, 0, 0, 0, 0, 0, 1,
-        ];
+        let bytes = [0x05, 0xcc, 0xff, 0xcd, 1, 0, 0xce, 0, 1, 0, 0, 0xcf, 0xff, 0, 0, 0, 0, 0, 0, 1];
         let mut fast = Reader::new(&bytes);
         let mut slow = Reader::new(&bytes);
         while slow.remaining() > 0 {
-            let Item::Uint(v) = slow.next().unwrap() else {
-                panic!()
-            };
+            let Item::Uint(v) = slow.next().unwrap() else { panic!() };
             assert_eq!(fast.uint_fast(), Some(v));
             assert_eq!(fast.pos(), slow.pos());
         }
@@ -518,11 +459,7 @@ mod tests {
         assert_eq!(r.u32s_fast(10, &mut tokens), 4, "stops at the uint64");
         assert_eq!(tokens, vec![5, 255, 256, 65536]);
         assert_eq!(r.pos(), 11);
-        assert_eq!(
-            Reader::new(&bytes).u32s_fast(2, &mut tokens),
-            2,
-            "stops at the count"
-        );
+        assert_eq!(Reader::new(&bytes).u32s_fast(2, &mut tokens), 2, "stops at the count");
         for other in [&[0xd0, 0x80][..], &[0xc0], &[0xcd, 1], &[0xcf, 0, 0], &[]] {
             assert_eq!(Reader::new(other).u32s_fast(1, &mut tokens), 0);
             let mut r = Reader::new(other);
@@ -534,9 +471,7 @@ mod tests {
     #[test]
     fn skip_passes_over_nested_values_and_ext() {
         // [ {"a": [1, ext]}, "s" ] then 7
-        let bytes = [
-            0x92, 0x81, 0xa1, b'a', 0x92, 0x01, 0xd4, 0x01, 0xff, 0xa1, b's', 0x07,
-        ];
+        let bytes = [0x92, 0x81, 0xa1, b'a', 0x92, 0x01, 0xd4, 0x01, 0xff, 0xa1, b's', 0x07];
         let mut r = Reader::new(&bytes);
         r.skip().unwrap();
         assert_eq!(r.next().unwrap(), Item::Uint(7));

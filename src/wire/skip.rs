@@ -121,10 +121,7 @@ impl SkipCounters {
 
     /// Every reason with its count, in a fixed order.
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-        SkipReason::ALL
-            .iter()
-            .map(|&r| (r.as_str(), self.get(r)))
-            .collect()
+        SkipReason::ALL.iter().map(|&r| (r.as_str(), self.get(r))).collect()
     }
 }
 

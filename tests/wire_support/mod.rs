@@ -66,12 +66,7 @@ pub fn load_all() -> Vec<Fixture> {
             let bytes = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
             let sidecar = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap();
             let (live, replay) = parse_capture(&bytes);
-            Fixture {
-                name,
-                live,
-                replay,
-                sidecar: serde_json::from_str(&sidecar).unwrap(),
-            }
+            Fixture { name, live, replay, sidecar: serde_json::from_str(&sidecar).unwrap() }
         })
         .collect()
 }
