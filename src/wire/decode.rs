@@ -156,9 +156,9 @@ fn read_positional<'a>(r: &mut Reader<'a>, len: u32, start: usize) -> Result<Fie
 fn read_map<'a>(r: &mut Reader<'a>, len: u32) -> Result<Fields<'a>, WireError> {
     let mut f = Fields::default();
     for _ in 0..len {
-        let key_start = r.pos();
+        // Keys are matched as bytes: an unknown key is skipped whatever it holds.
         let key = match r.next()? {
-            Item::Str(bytes) => r.utf8(key_start, "map key", bytes, STRING_BYTES_MAX)?,
+            Item::Str(bytes) => bytes,
             other => {
                 // Not a field of ours: skip the key and its value.
                 r.skip_children(other, 1)?;
@@ -167,20 +167,20 @@ fn read_map<'a>(r: &mut Reader<'a>, len: u32) -> Result<Fields<'a>, WireError> {
             }
         };
         match key {
-            "type" => f.tag = Some(read_tag(r)?),
-            "block_hashes" => f.block_hashes = Some(read_hashes(r)?),
-            "parent_block_hash" => f.parent_block_hash = read_hash_or_nil(r)?,
-            "token_ids" => f.token_ids = Some(read_tokens(r)?),
-            "block_size" => f.block_size = Some(read_block_size(r)?),
-            "lora_id" => f.lora_id = read_lora_id(r)?,
-            "medium" => f.medium = read_str(r, "medium")?,
-            "lora_name" => f.lora_name = read_str(r, "lora_name")?,
-            "cache_salt" => f.cache_salt = read_str(r, "cache_salt")?,
-            "extra_keys" => f.extra_keys = read_extra_keys(r)?,
-            "group_idx" => f.group_idx = r.u32_or_nil("group_idx")?,
-            "kv_cache_spec_kind" => f.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
-            "locality" => f.locality = read_str(r, "locality")?,
-            "ownership" => f.ownership = read_str(r, "ownership")?,
+            b"type" => f.tag = Some(read_tag(r)?),
+            b"block_hashes" => f.block_hashes = Some(read_hashes(r)?),
+            b"parent_block_hash" => f.parent_block_hash = read_hash_or_nil(r)?,
+            b"token_ids" => f.token_ids = Some(read_tokens(r)?),
+            b"block_size" => f.block_size = Some(read_block_size(r)?),
+            b"lora_id" => f.lora_id = read_lora_id(r)?,
+            b"medium" => f.medium = read_str(r, "medium")?,
+            b"lora_name" => f.lora_name = read_str(r, "lora_name")?,
+            b"cache_salt" => f.cache_salt = read_str(r, "cache_salt")?,
+            b"extra_keys" => f.extra_keys = read_extra_keys(r)?,
+            b"group_idx" => f.group_idx = r.u32_or_nil("group_idx")?,
+            b"kv_cache_spec_kind" => f.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
+            b"locality" => f.locality = read_str(r, "locality")?,
+            b"ownership" => f.ownership = read_str(r, "ownership")?,
             _ => r.skip()?,
         }
     }
@@ -270,6 +270,10 @@ fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, WireError> {
     // The reader guarantees len <= bytes left, so this reserve is bounded by the payload.
     let mut out = Vec::with_capacity(len as usize);
     for _ in 0..len {
+        if let Some(v) = r.uint_fast() {
+            out.push(v);
+            continue;
+        }
         let start = r.pos();
         let item = r.next()?;
         out.push(hash_of(start, item)?);
@@ -289,8 +293,14 @@ fn read_tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, WireError> {
     if len > TOKENS_PER_EVENT_MAX {
         return Err(r.error(format!("token_ids: {len} tokens, limit {TOKENS_PER_EVENT_MAX}")));
     }
-    let mut out = Vec::with_capacity(len as usize);
-    for _ in 0..len {
+    let len = len as usize;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        let left = len - out.len();
+        if r.u32s_fast(left, &mut out) == left {
+            break;
+        }
+        // Anything but a small unsigned int: bigram pairs, other widths, errors.
         let start = r.pos();
         match r.next()? {
             Item::Array(2) => {

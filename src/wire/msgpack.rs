@@ -210,6 +210,58 @@ impl<'a> Reader<'a> {
         Ok(Item::Ext)
     }
 
+    /// Reads an unsigned integer if the next item is one, without the
+    /// general dispatch; leaves the cursor alone (None) for anything else,
+    /// including truncated input, so the caller falls back to [`Self::next`].
+    /// Token and hash arrays are almost all such integers.
+    #[inline]
+    pub(crate) fn uint_fast(&mut self) -> Option<u64> {
+        let rest = &self.buf[self.pos..];
+        let (value, used) = match *rest.first()? {
+            b @ 0x00..=0x7f => (u64::from(b), 1),
+            0xcc => (u64::from(*rest.get(1)?), 2),
+            0xcd => (u64::from(u16::from_be_bytes(rest.get(1..3)?.try_into().ok()?)), 3),
+            0xce => (u64::from(u32::from_be_bytes(rest.get(1..5)?.try_into().ok()?)), 5),
+            0xcf => (u64::from_be_bytes(rest.get(1..9)?.try_into().ok()?), 9),
+            _ => return None,
+        };
+        self.pos += used;
+        Some(value)
+    }
+
+    /// Appends up to `count` unsigned integers that fit in u32 to `out`,
+    /// stopping (cursor on it) at the first item that is anything else.
+    /// Returns how many were read. This is the hot loop of token decoding.
+    pub(crate) fn u32s_fast(&mut self, count: usize, out: &mut Vec<u32>) -> usize {
+        let buf = self.buf;
+        let mut pos = self.pos;
+        let mut done = 0;
+        while done < count {
+            let Some(&marker) = buf.get(pos) else { break };
+            let (value, used) = match marker {
+                0x00..=0x7f => (u32::from(marker), 1),
+                0xcc => match buf.get(pos + 1) {
+                    Some(&b) => (u32::from(b), 2),
+                    None => break,
+                },
+                0xcd => match buf.get(pos + 1..pos + 3) {
+                    Some(b) => (u32::from(u16::from_be_bytes([b[0], b[1]])), 3),
+                    None => break,
+                },
+                0xce => match buf.get(pos + 1..pos + 5) {
+                    Some(b) => (u32::from_be_bytes([b[0], b[1], b[2], b[3]]), 5),
+                    None => break,
+                },
+                _ => break,
+            };
+            out.push(value);
+            pos += used;
+            done += 1;
+        }
+        self.pos = pos;
+        done
+    }
+
     /// Skips one whole value of any type, nested at most [`DEPTH_MAX`] deep.
     pub(crate) fn skip(&mut self) -> Result<(), WireError> {
         self.skip_at(0)
@@ -389,6 +441,30 @@ mod tests {
     fn truncated_scalars_and_reserved_marker_fail() {
         for bytes in [&[0xcf, 0, 0][..], &[0xcb, 1], &[0xd3], &[0xc1], &[]] {
             assert!(Reader::new(bytes).next().is_err(), "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn uint_fast_agrees_with_next_and_leaves_other_items() {
+        let bytes = [0x05, 0xcc, 0xff, 0xcd, 1, 0, 0xce, 0, 1, 0, 0, 0xcf, 0xff, 0, 0, 0, 0, 0, 0, 1];
+        let mut fast = Reader::new(&bytes);
+        let mut slow = Reader::new(&bytes);
+        while slow.remaining() > 0 {
+            let Item::Uint(v) = slow.next().unwrap() else { panic!() };
+            assert_eq!(fast.uint_fast(), Some(v));
+            assert_eq!(fast.pos(), slow.pos());
+        }
+        let mut tokens = Vec::new();
+        let mut r = Reader::new(&bytes);
+        assert_eq!(r.u32s_fast(10, &mut tokens), 4, "stops at the uint64");
+        assert_eq!(tokens, vec![5, 255, 256, 65536]);
+        assert_eq!(r.pos(), 11);
+        assert_eq!(Reader::new(&bytes).u32s_fast(2, &mut tokens), 2, "stops at the count");
+        for other in [&[0xd0, 0x80][..], &[0xc0], &[0xcd, 1], &[0xcf, 0, 0], &[]] {
+            assert_eq!(Reader::new(other).u32s_fast(1, &mut tokens), 0);
+            let mut r = Reader::new(other);
+            assert_eq!(r.uint_fast(), None);
+            assert_eq!(r.pos(), 0);
         }
     }
 
