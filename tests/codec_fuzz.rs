@@ -329,10 +329,23 @@ fn id_array(r: &mut Rng, mode: Mode, out: &mut String) {
     } else {
         r.below(40)
     };
+    // Half the arrays have the plain shape the token fast path takes whole
+    // (small ids, "," or ", " separators), so mutations land inside it.
+    let plain = r.chance(2);
+    let separator = if r.chance(2) { "," } else { ", " };
     for i in 0..n {
         if i > 0 {
-            out.push(',');
-            ws(r, out);
+            if plain {
+                out.push_str(separator);
+            } else {
+                out.push(',');
+                ws(r, out);
+            }
+        }
+        if plain && !r.chance(300) {
+            let digits = 1 + r.below(7) as u32;
+            out.push_str(&r.below(10u64.pow(digits)).to_string());
+            continue;
         }
         if r.chance(500) {
             any_value(r, 2, mode, out);

@@ -33,6 +33,7 @@
 mod control;
 mod dump;
 mod endpoint;
+mod fast;
 mod out;
 mod query;
 mod response;

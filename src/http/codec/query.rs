@@ -8,6 +8,7 @@
 //! strings. `/query_by_hash` refuses a non-null `cache_salt` (400, as
 //! Dynamo does: the hashes must already include it) and ignores `lora_name`.
 
+use super::fast::plain_u32_prefix;
 use super::scan::{Num, SResult, Scan};
 use super::{BodyError, QUERY_BODY_BYTES_MAX};
 use std::borrow::Cow;
@@ -201,15 +202,23 @@ fn parse<'a>(body: &'a [u8], mut ids: Ids<'_>) -> Result<QueryRequest<'a>, BodyE
             },
             _ => {
                 let read = match &mut ids {
-                    Ids::Tokens(out) => s.read_int_array(out, |n| match n {
-                        Num::Unsigned(v) => u32::try_from(v).ok(),
-                        _ => None,
-                    })?,
-                    Ids::Hashes(out) => s.read_int_array(out, |n| match n {
-                        Num::Unsigned(v) => Some(v),
-                        Num::Negative(v) => Some(v as u64),
-                        Num::Float => None,
-                    })?,
+                    Ids::Tokens(out) => s.read_int_array(
+                        out,
+                        |n| match n {
+                            Num::Unsigned(v) => u32::try_from(v).ok(),
+                            _ => None,
+                        },
+                        plain_u32_prefix,
+                    )?,
+                    Ids::Hashes(out) => s.read_int_array(
+                        out,
+                        |n| match n {
+                            Num::Unsigned(v) => Some(v),
+                            Num::Negative(v) => Some(v as u64),
+                            Num::Float => None,
+                        },
+                        |_, at, _| (0, at),
+                    )?,
                 };
                 if let Err((index, found)) = read {
                     let expected = if by_hash {

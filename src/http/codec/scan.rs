@@ -61,7 +61,7 @@ const POW10: [u64; 9] = [
 /// Number of leading ASCII digits in the 8 bytes of `x` (little-endian, so
 /// the first byte is the lowest).
 #[inline(always)]
-fn digit_run(x: u64) -> usize {
+pub(super) fn digit_run(x: u64) -> usize {
     const HIGH: u64 = 0xF0F0_F0F0_F0F0_F0F0;
     const THREES: u64 = 0x3030_3030_3030_3030;
     // A byte is a digit iff its high nibble is 3 and stays 3 after adding 6.
@@ -73,7 +73,7 @@ fn digit_run(x: u64) -> usize {
 
 /// The value of the first `n` (1..=8) digits of `x`.
 #[inline(always)]
-fn chunk_value(x: u64, n: usize) -> u64 {
+pub(super) fn chunk_value(x: u64, n: usize) -> u64 {
     // Shift the digits to the top so the missing leading positions read as
     // zeros; bytes past the digits (and their borrows) are shifted out.
     let v = x.wrapping_sub(0x3030_3030_3030_3030) << (8 * (8 - n));
@@ -342,11 +342,16 @@ impl<'a> Scan<'a> {
     /// the first element refused (or index `usize::MAX` if the value is not
     /// an array); the rest of the value is still checked. Elements after a
     /// refused one are not appended.
+    ///
+    /// `prefix` may consume leading elements first (see `fast`): given the
+    /// body, the first element's position and `out`, it returns how many it
+    /// consumed and where the last one ended.
     #[inline]
     pub fn read_int_array<T>(
         &mut self,
         out: &mut Vec<T>,
         conv: impl Fn(Num) -> Option<T>,
+        prefix: impl FnOnce(&'a [u8], usize, &mut Vec<T>) -> (usize, usize),
     ) -> SResult<Result<(), (usize, String)>> {
         if self.peek() != Some(b'[') {
             let found = self.found();
@@ -360,31 +365,40 @@ impl<'a> Scan<'a> {
             return Ok(Ok(()));
         }
         let mut refused: Option<(usize, String)> = None;
-        let mut index = 0usize;
+        let (mut index, end) = prefix(self.b, self.i, out);
+        // After a consumed prefix, resume between elements.
+        // After a consumed prefix, resume between elements.
+        let mut between = index > 0;
+        if between {
+            self.i = end;
+        }
         loop {
-            let start = self.i;
-            let value = match self.peek() {
-                Some(b'-' | b'0'..=b'9') => conv(self.number()?),
-                _ => {
-                    // Member arrays are level 2, so their elements open level 3.
-                    let found = self.found();
-                    self.skip_value(3)?;
-                    if refused.is_none() {
-                        refused = Some((index, found.to_string()));
+            if !between {
+                let start = self.i;
+                let value = match self.peek() {
+                    Some(b'-' | b'0'..=b'9') => conv(self.number()?),
+                    _ => {
+                        // Member arrays are level 2, so their elements open level 3.
+                        let found = self.found();
+                        self.skip_value(3)?;
+                        if refused.is_none() {
+                            refused = Some((index, found.to_string()));
+                        }
+                        None
                     }
-                    None
-                }
-            };
-            match value {
-                Some(v) if refused.is_none() => out.push(v),
-                Some(_) => {}
-                None => {
-                    if refused.is_none() {
-                        refused = Some((index, self.text(start)));
+                };
+                match value {
+                    Some(v) if refused.is_none() => out.push(v),
+                    Some(_) => {}
+                    None => {
+                        if refused.is_none() {
+                            refused = Some((index, self.text(start)));
+                        }
                     }
                 }
+                index += 1;
             }
-            index += 1;
+            between = false;
             self.ws();
             match self.peek() {
                 Some(b',') => {
