@@ -8,7 +8,7 @@
 //! sees requests it can act on.
 
 use super::endpoint::{validate_peer_url, validate_zmq_endpoint};
-use super::query::{finish, tenant, Problems};
+use super::problems::{finish, tenant, Problems};
 use super::scan::Scan;
 use super::{BodyError, CONTROL_BODY_BYTES_MAX};
 use std::borrow::Cow;

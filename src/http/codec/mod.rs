@@ -5,9 +5,15 @@
 //! through maps, costs more CPU than the index lookup itself. This module
 //! reads request bodies with a small strict scanner (`scan`) that walks the
 //! top-level object once, decodes only the fields an endpoint knows and
-//! appends integer arrays straight into a caller's reusable buffer; responses
-//! are written straight into a caller's `Vec<u8>`. The cold, deeply nested
-//! `/dump` format goes through serde.
+//! appends integer arrays straight into a caller's reusable buffer (token
+//! arrays of the usual shape through a mask-driven fast path, `fast`);
+//! responses are written straight into a caller's `Vec<u8>` (`response`,
+//! `workers`). The cold, deeply nested `/dump` format is read through serde
+//! and written by hand (`dump`).
+//!
+//! Files: `scan` (JSON grammar), `fast` (token arrays), `problems` (error
+//! classes), `query` and `control` (request bodies), `endpoint` (address
+//! syntax), `response`, `workers`, `dump`, `out` (number and string output).
 //!
 //! Rules every parser here follows:
 //! - The body must be one well-formed JSON value (RFC 8259, UTF-8, no
@@ -35,6 +41,7 @@ mod dump;
 mod endpoint;
 mod fast;
 mod out;
+mod problems;
 mod query;
 mod response;
 mod scan;

@@ -30,7 +30,12 @@ pub(super) fn push_u64(out: &mut Vec<u8>, mut v: u64) {
         i -= 1;
         buf[i] = b'0' + v as u8;
     }
-    out.extend_from_slice(&buf[i..]);
+    // Byte pushes: the numbers are short, and a variable-length copy would
+    // be a memcpy call each.
+    out.reserve(buf.len() - i);
+    for &d in &buf[i..] {
+        out.push(d);
+    }
 }
 
 /// Appends `v` in decimal between double quotes, as a JSON object key.
