@@ -75,9 +75,7 @@ impl Rng {
 }
 
 fn body(blocks: usize, r: &mut Rng) -> Vec<u8> {
-    let tokens: Vec<String> = (0..blocks * BLOCK_SIZE as usize)
-        .map(|_| (r.next() % 150_000).to_string())
-        .collect();
+    let tokens: Vec<String> = (0..blocks * BLOCK_SIZE as usize).map(|_| (r.next() % 150_000).to_string()).collect();
     format!(
         r#"{{"token_ids": [{}], "model_name": "meta-llama/Llama-3.1-8B-Instruct", "tenant_id": "default"}}"#,
         tokens.join(", ")
@@ -91,12 +89,7 @@ fn matches(blocks: usize, r: &mut Rng) -> Matches {
             let device = (r.next() % (blocks as u64 / 2)) as u32;
             let host = device + (r.next() % (blocks as u64 / 4)) as u32;
             let disk = host + (r.next() % (blocks as u64 / 4)) as u32;
-            WorkerMatch {
-                worker: WorkerId::new(1_000_000 + i / 2, (i % 2) as u32),
-                device,
-                host,
-                disk,
-            }
+            WorkerMatch { worker: WorkerId::new(1_000_000 + i / 2, (i % 2) as u32), device, host, disk }
         })
         .collect();
     Matches { workers }
@@ -139,10 +132,7 @@ fn serde_path(body: &[u8], m: &Matches) -> Vec<u8> {
     for w in &m.workers {
         let id = w.worker.instance_id.to_string();
         if w.device > 0 {
-            scores
-                .entry(id.clone())
-                .or_default()
-                .insert(w.worker.dp_rank.to_string(), w.device * BLOCK_SIZE);
+            scores.entry(id.clone()).or_default().insert(w.worker.dp_rank.to_string(), w.device * BLOCK_SIZE);
         }
         let s = instances.entry(id).or_default();
         s.dp.insert(w.worker.dp_rank.to_string(), w.device * BLOCK_SIZE);
@@ -151,19 +141,13 @@ fn serde_path(body: &[u8], m: &Matches) -> Vec<u8> {
         s.disk = s.disk.max(w.disk * BLOCK_SIZE);
         s.longest_matched = s.gpu.max(s.cpu).max(s.disk);
     }
-    let resp = SerdeResponse {
-        scores,
-        frequencies: vec![],
-        instances,
-    };
+    let resp = SerdeResponse { scores, frequencies: vec![], instances };
     serde_json::to_vec(&serde_json::json!(resp)).unwrap()
 }
 
 fn main() {
     let mut r = Rng(0x9e37_79b9_7f4a_7c15);
-    println!(
-        "case                     body_bytes  parse_us  write_us  parse+write_us  serde_path_us  ratio  hash_us"
-    );
+    println!("case                     body_bytes  parse_us  write_us  parse+write_us  serde_path_us  ratio  hash_us");
     for blocks in [800usize, 128] {
         let body = body(blocks, &mut r);
         let m = matches(blocks, &mut r);
@@ -172,13 +156,7 @@ fn main() {
 
         // Both paths must say the same thing before their speed matters.
         parse_query(&body, &mut tokens).unwrap();
-        write_query_response(
-            &mut out,
-            &m,
-            &[],
-            BLOCK_SIZE,
-            tokens.len() / BLOCK_SIZE as usize,
-        );
+        write_query_response(&mut out, &m, &[], BLOCK_SIZE, tokens.len() / BLOCK_SIZE as usize);
         let ours: serde_json::Value = serde_json::from_slice(&out).unwrap();
         let theirs: serde_json::Value = serde_json::from_slice(&serde_path(&body, &m)).unwrap();
         assert_eq!(ours, theirs);

@@ -110,16 +110,11 @@ fn random_events(r: &mut Rng, n: usize) -> Vec<Event> {
             let tier = StorageTier::ALL[r.below(4) as usize];
             let kind = match r.below(6) {
                 0 => EventKind::Cleared,
-                1 => EventKind::Removed {
-                    engine_hashes: (0..r.below(5)).map(|_| r.next()).collect(),
-                },
+                1 => EventKind::Removed { engine_hashes: (0..r.below(5)).map(|_| r.next()).collect() },
                 _ => EventKind::Stored {
                     parent: (r.below(2) == 0).then(|| r.next()),
                     blocks: (0..r.below(6))
-                        .map(|_| StoredBlock {
-                            engine_hash: r.next(),
-                            local_hash: r.next(),
-                        })
+                        .map(|_| StoredBlock { engine_hash: r.next(), local_hash: r.next() })
                         .collect(),
                 },
             };
@@ -140,35 +135,27 @@ fn tier_to_dynamo(t: StorageTier) -> dynamo::StorageTier {
 /// What Dynamo's indexer would hold for our event, as its own type.
 fn to_dynamo(e: &Event, event_id: u64) -> dynamo::RouterEvent {
     let data = match &e.kind {
-        EventKind::Stored { parent, blocks } => {
-            dynamo::KvCacheEventData::Stored(dynamo::KvCacheStoreData {
-                parent_hash: *parent,
-                start_position: None,
-                blocks: blocks
-                    .iter()
-                    .map(|b| dynamo::KvCacheStoredBlockData {
-                        block_hash: b.engine_hash,
-                        tokens_hash: b.local_hash,
-                        mm_extra_info: None,
-                    })
-                    .collect(),
-            })
-        }
+        EventKind::Stored { parent, blocks } => dynamo::KvCacheEventData::Stored(dynamo::KvCacheStoreData {
+            parent_hash: *parent,
+            start_position: None,
+            blocks: blocks
+                .iter()
+                .map(|b| dynamo::KvCacheStoredBlockData {
+                    block_hash: b.engine_hash,
+                    tokens_hash: b.local_hash,
+                    mm_extra_info: None,
+                })
+                .collect(),
+        }),
         EventKind::Removed { engine_hashes } => {
-            dynamo::KvCacheEventData::Removed(dynamo::KvCacheRemoveData {
-                block_hashes: engine_hashes.clone(),
-            })
+            dynamo::KvCacheEventData::Removed(dynamo::KvCacheRemoveData { block_hashes: engine_hashes.clone() })
         }
         EventKind::Cleared => dynamo::KvCacheEventData::Cleared,
     };
     dynamo::RouterEvent {
         worker_id: e.worker.instance_id,
         storage_tier: tier_to_dynamo(e.tier),
-        event: dynamo::KvCacheEvent {
-            event_id,
-            data,
-            dp_rank: e.worker.dp_rank,
-        },
+        event: dynamo::KvCacheEvent { event_id, data, dp_rank: e.worker.dp_rank },
         session_id: None,
     }
 }
@@ -187,12 +174,7 @@ fn entries(r: &mut Rng) -> Vec<DumpEntry> {
             block_size: 64,
             events: random_events(r, 50),
         },
-        DumpEntry {
-            model_name: "empty".into(),
-            tenant_id: "t".into(),
-            block_size: 1,
-            events: vec![],
-        },
+        DumpEntry { model_name: "empty".into(), tenant_id: "t".into(), block_size: 1, events: vec![] },
     ]
 }
 
@@ -228,12 +210,8 @@ fn dynamo_reads_our_dump() {
         let key = format!("{}:{}", entry.model_name, entry.tenant_id);
         let got = &theirs[&key];
         assert_eq!(got.block_size, entry.block_size);
-        let want: Vec<dynamo::RouterEvent> = entry
-            .events
-            .iter()
-            .enumerate()
-            .map(|(i, e)| to_dynamo(e, i as u64))
-            .collect();
+        let want: Vec<dynamo::RouterEvent> =
+            entry.events.iter().enumerate().map(|(i, e)| to_dynamo(e, i as u64)).collect();
         assert_eq!(got.events, want, "{key}");
     }
 }
@@ -259,10 +237,7 @@ fn we_read_dynamos_dump() {
                     s.start_position = Some(i as u32);
                     if let Some(b) = s.blocks.first_mut() {
                         b.mm_extra_info = Some(dynamo::BlockExtraInfo {
-                            mm_objects: vec![dynamo::BlockMmObjectInfo {
-                                mm_hash: 9,
-                                offsets: vec![(0, 3)],
-                            }],
+                            mm_objects: vec![dynamo::BlockMmObjectInfo { mm_hash: 9, offsets: vec![(0, 3)] }],
                         });
                     }
                 }
@@ -290,10 +265,7 @@ fn a_dynamo_dump_as_text() {
         {"worker_id":8,"storage_tier":"disk","event":{"event_id":1,"data":{"removed":{"block_hashes":[1,2]}},"dp_rank":0}},
         {"worker_id":9,"storage_tier":"external","event":{"event_id":2,"data":"cleared","dp_rank":0}}
     ]}}"#;
-    let b = |engine_hash, local_hash| StoredBlock {
-        engine_hash,
-        local_hash,
-    };
+    let b = |engine_hash, local_hash| StoredBlock { engine_hash, local_hash };
     let w = WorkerId::new;
     assert_eq!(
         parse_dump(body).unwrap(),
@@ -302,25 +274,11 @@ fn a_dynamo_dump_as_text() {
             tenant_id: "default".into(),
             block_size: 16,
             events: vec![
-                Event::stored(
-                    w(7, 0),
-                    StorageTier::Device,
-                    None,
-                    vec![b(11, 101), b(12, 102)]
-                ),
+                Event::stored(w(7, 0), StorageTier::Device, None, vec![b(11, 101), b(12, 102)]),
                 Event::stored(w(7, 1), StorageTier::Device, Some(12), vec![b(13, 103)]),
-                Event::stored(
-                    w(8, 0),
-                    StorageTier::HostPinned,
-                    None,
-                    vec![b(u64::MAX, 101)]
-                ),
+                Event::stored(w(8, 0), StorageTier::HostPinned, None, vec![b(u64::MAX, 101)]),
                 Event::removed(w(8, 0), StorageTier::Disk, vec![1, 2]),
-                Event {
-                    worker: w(9, 0),
-                    tier: StorageTier::External,
-                    kind: EventKind::Cleared
-                },
+                Event { worker: w(9, 0), tier: StorageTier::External, kind: EventKind::Cleared },
             ],
         }]
     );
@@ -331,21 +289,15 @@ fn a_dynamo_dump_as_text() {
 /// chain, so queries of that chain walk down through the tiers.
 fn chain(worker: WorkerId, tier: StorageTier, seed: u64, start: u64, len: u64) -> Event {
     let engine = |i: u64| seed * 1000 + i;
-    let blocks = (start..start + len)
-        .map(|i| StoredBlock {
-            engine_hash: engine(i),
-            local_hash: 500 + i + seed,
-        })
-        .collect();
+    let blocks =
+        (start..start + len).map(|i| StoredBlock { engine_hash: engine(i), local_hash: 500 + i + seed }).collect();
     Event::stored(worker, tier, start.checked_sub(1).map(engine), blocks)
 }
 
 #[test]
 fn a_live_index_survives_dump_and_replay() {
     let index = Index::new(IndexConfig::new(16));
-    let workers: Vec<WorkerId> = (0..6)
-        .map(|i| WorkerId::new(100 + i / 2, (i % 2) as u32))
-        .collect();
+    let workers: Vec<WorkerId> = (0..6).map(|i| WorkerId::new(100 + i / 2, (i % 2) as u32)).collect();
     for (n, &w) in workers.iter().enumerate() {
         let n = n as u64;
         index.apply(&chain(w, StorageTier::Device, n % 3, 0, 4 + n));
@@ -353,11 +305,7 @@ fn a_live_index_survives_dump_and_replay() {
         index.apply(&chain(w, StorageTier::Disk, n % 3, 7 + n, 1));
     }
     // Worker 1 (chain 1) loses a device block in the middle of its prefix.
-    index.apply(&Event::removed(
-        workers[1],
-        StorageTier::Device,
-        vec![1000 + 2],
-    ));
+    index.apply(&Event::removed(workers[1], StorageTier::Device, vec![1000 + 2]));
 
     let entry = DumpEntry {
         model_name: "m".into(),
@@ -381,10 +329,7 @@ fn a_live_index_survives_dump_and_replay() {
         v.sort();
         v
     };
-    assert_eq!(
-        canonical(replica.dump_events()),
-        canonical(entry.events.clone())
-    );
+    assert_eq!(canonical(replica.dump_events()), canonical(entry.events.clone()));
     for seed in 0..3u64 {
         let query: Vec<u64> = (0..16).map(|i| 500 + i + seed).collect();
         let sorted = |mut m: kv_indexer::index::Matches| {
@@ -392,14 +337,7 @@ fn a_live_index_survives_dump_and_replay() {
             m
         };
         let want = sorted(index.find_matches(&query));
-        assert!(want
-            .workers
-            .iter()
-            .any(|m| m.host > m.device && m.disk > m.host));
-        assert_eq!(
-            sorted(replica.find_matches(&query)),
-            want,
-            "query seed {seed}"
-        );
+        assert!(want.workers.iter().any(|m| m.host > m.device && m.disk > m.host));
+        assert_eq!(sorted(replica.find_matches(&query)), want, "query seed {seed}");
     }
 }

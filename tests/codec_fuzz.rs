@@ -125,13 +125,7 @@ fn reference(body: &[u8], mode: Mode) -> Outcome {
         Mode::Tokens => "token_ids",
         Mode::Hashes => "block_hashes",
     };
-    let mut known: Vec<&str> = vec![
-        ids_name,
-        "model_name",
-        "tenant_id",
-        "routing_group",
-        "cache_salt",
-    ];
+    let mut known: Vec<&str> = vec![ids_name, "model_name", "tenant_id", "routing_group", "cache_salt"];
     if mode == Mode::Tokens {
         known.push("lora_name");
     }
@@ -140,8 +134,7 @@ fn reference(body: &[u8], mode: Mode) -> Outcome {
     let mut seen: Vec<&str> = Vec::new();
     let mut ids = None;
     let mut model_name = None;
-    let (mut tenant_id, mut routing_group, mut lora_name, mut cache_salt) =
-        (None, None, None, None);
+    let (mut tenant_id, mut routing_group, mut lora_name, mut cache_salt) = (None, None, None, None);
     for (key, value) in &pairs.0 {
         let Some(&k) = known.iter().find(|k| **k == key) else {
             continue;
@@ -324,11 +317,7 @@ fn any_value(r: &mut Rng, depth: u32, mode: Mode, out: &mut String) {
 fn id_array(r: &mut Rng, mode: Mode, out: &mut String) {
     out.push('[');
     ws(r, out);
-    let n = if r.chance(10) {
-        r.below(600)
-    } else {
-        r.below(40)
-    };
+    let n = if r.chance(10) { r.below(600) } else { r.below(40) };
     // Half the arrays have the plain shape the token fast path takes whole
     // (small ids, "," or ", " separators), so mutations land inside it.
     let plain = r.chance(2);
@@ -457,8 +446,7 @@ fn gen_body(r: &mut Rng, mode: Mode) -> String {
     body
 }
 
-const INTERESTING: &[u8] =
-    b"{}[],:\"\\-+.eE0123456789 \t\nutfnl/\x00\x1f\x7f\x80\xbf\xc3\xe9\xf0\xff";
+const INTERESTING: &[u8] = b"{}[],:\"\\-+.eE0123456789 \t\nutfnl/\x00\x1f\x7f\x80\xbf\xc3\xe9\xf0\xff";
 
 fn mutate(r: &mut Rng, body: &mut Vec<u8>) {
     for _ in 0..1 + r.below(3) {
@@ -498,12 +486,7 @@ fn mutate(r: &mut Rng, body: &mut Vec<u8>) {
 fn check(body: &[u8], mode: Mode, stats: &mut [u64; 4]) {
     let want = reference(body, mode);
     let got = ours(body, mode);
-    assert_eq!(
-        got,
-        want,
-        "{mode:?} disagrees on body {:?}",
-        String::from_utf8_lossy(body)
-    );
+    assert_eq!(got, want, "{mode:?} disagrees on body {:?}", String::from_utf8_lossy(body));
     let slot = match want {
         Outcome::Ok { .. } => 0,
         Outcome::Malformed => 1,
@@ -514,14 +497,8 @@ fn check(body: &[u8], mode: Mode, stats: &mut [u64; 4]) {
 }
 
 fn run(mode: Mode) {
-    let cases: u64 = std::env::var("CODEC_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000);
-    let seed: u64 = std::env::var("CODEC_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5eed_c0de);
+    let cases: u64 = std::env::var("CODEC_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+    let seed: u64 = std::env::var("CODEC_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_c0de);
     let mut r = Rng(seed | 1);
     let mut stats = [0u64; 4];
     for _ in 0..cases {
@@ -541,15 +518,8 @@ fn run(mode: Mode) {
     }
     eprintln!("{mode:?} stats {stats:?}");
     // Every class must have been exercised, or the generator has gone blind.
-    for (slot, name) in ["ok", "malformed", "invalid", "unprocessable"]
-        .iter()
-        .enumerate()
-    {
-        assert!(
-            stats[slot] >= cases / 1000,
-            "{mode:?}: only {} {name} cases out of {cases}: {stats:?}",
-            stats[slot]
-        );
+    for (slot, name) in ["ok", "malformed", "invalid", "unprocessable"].iter().enumerate() {
+        assert!(stats[slot] >= cases / 1000, "{mode:?}: only {} {name} cases out of {cases}: {stats:?}", stats[slot]);
     }
 }
 
@@ -573,11 +543,7 @@ fn deep_nesting_agrees_with_reference() {
                     open.repeat(depth),
                     close.repeat(depth)
                 );
-                assert_eq!(
-                    ours(body.as_bytes(), mode),
-                    reference(body.as_bytes(), mode),
-                    "{mode:?} depth {depth}"
-                );
+                assert_eq!(ours(body.as_bytes(), mode), reference(body.as_bytes(), mode), "{mode:?} depth {depth}");
             }
         }
     }

@@ -24,15 +24,7 @@ fn script(worker: WorkerId) -> Vec<(Event, u32)> {
     let h = |i: usize| worker.instance_id * 1_000_000 + i as u64 + 1;
     let store = |i: usize| {
         let parent = if i == 0 { None } else { Some(h(i - 1)) };
-        Event::stored(
-            worker,
-            StorageTier::Device,
-            parent,
-            vec![StoredBlock {
-                engine_hash: h(i),
-                local_hash: l[i],
-            }],
-        )
+        Event::stored(worker, StorageTier::Device, parent, vec![StoredBlock { engine_hash: h(i), local_hash: l[i] }])
     };
     let remove = |i: usize| Event::removed(worker, StorageTier::Device, vec![h(i)]);
     let mut out = Vec::new();
@@ -52,18 +44,10 @@ fn script(worker: WorkerId) -> Vec<(Event, u32)> {
 
 #[test]
 fn readers_only_see_states_the_writers_went_through() {
-    let ix = Arc::new(Index::new(IndexConfig {
-        block_size: 4,
-        jump: 8,
-        depth_max: 0,
-    }));
-    let workers: Vec<WorkerId> = (0..WORKERS as u64)
-        .map(|i| WorkerId::new(i + 1, 0))
-        .collect();
-    let scripts: Vec<Arc<Vec<(Event, u32)>>> =
-        workers.iter().map(|&w| Arc::new(script(w))).collect();
-    let applied: Arc<Vec<AtomicUsize>> =
-        Arc::new((0..WORKERS).map(|_| AtomicUsize::new(0)).collect());
+    let ix = Arc::new(Index::new(IndexConfig { block_size: 4, jump: 8, depth_max: 0 }));
+    let workers: Vec<WorkerId> = (0..WORKERS as u64).map(|i| WorkerId::new(i + 1, 0)).collect();
+    let scripts: Vec<Arc<Vec<(Event, u32)>>> = workers.iter().map(|&w| Arc::new(script(w))).collect();
+    let applied: Arc<Vec<AtomicUsize>> = Arc::new((0..WORKERS).map(|_| AtomicUsize::new(0)).collect());
     let done = Arc::new(AtomicBool::new(false));
 
     let writers: Vec<_> = (0..WORKERS)
@@ -79,34 +63,22 @@ fn readers_only_see_states_the_writers_went_through() {
         .collect();
     let readers: Vec<_> = (0..2)
         .map(|_| {
-            let (ix, scripts, applied, done) =
-                (ix.clone(), scripts.clone(), applied.clone(), done.clone());
+            let (ix, scripts, applied, done) = (ix.clone(), scripts.clone(), applied.clone(), done.clone());
             let workers = workers.clone();
             std::thread::spawn(move || {
                 let q = locals();
                 let mut checked = 0u64;
                 while !done.load(Ordering::SeqCst) {
-                    let before: Vec<usize> =
-                        applied.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+                    let before: Vec<usize> = applied.iter().map(|a| a.load(Ordering::SeqCst)).collect();
                     let m = ix.find_matches(&q);
-                    let after: Vec<usize> =
-                        applied.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+                    let after: Vec<usize> = applied.iter().map(|a| a.load(Ordering::SeqCst)).collect();
                     for k in 0..WORKERS {
-                        let got = m
-                            .workers
-                            .iter()
-                            .find(|x| x.worker == workers[k])
-                            .map_or(0, |x| x.device);
-                        let depth_at =
-                            |step: usize| if step == 0 { 0 } else { scripts[k][step - 1].1 };
+                        let got = m.workers.iter().find(|x| x.worker == workers[k]).map_or(0, |x| x.device);
+                        let depth_at = |step: usize| if step == 0 { 0 } else { scripts[k][step - 1].1 };
                         // Steps applied lie in [before, after + 1] while the query ran.
                         let last = (after[k] + 1).min(scripts[k].len());
                         let ok = (before[k]..=last).any(|s| depth_at(s) == got);
-                        assert!(
-                            ok,
-                            "worker {k}: depth {got} never held between steps {} and {last}",
-                            before[k]
-                        );
+                        assert!(ok, "worker {k}: depth {got} never held between steps {} and {last}", before[k]);
                     }
                     checked += 1;
                 }

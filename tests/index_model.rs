@@ -36,9 +36,7 @@ struct Model {
 
 impl Model {
     fn holds(&self, w: WorkerId, tier: usize, level: u32, chain: u64) -> bool {
-        self.workers
-            .get(&w)
-            .is_some_and(|t| t[tier].values().any(|&(l, c, _)| l == level && c == chain))
+        self.workers.get(&w).is_some_and(|t| t[tier].values().any(|&(l, c, _)| l == level && c == chain))
     }
 
     fn apply(&mut self, e: &Event) {
@@ -52,9 +50,7 @@ impl Model {
                         let order: Vec<usize> = if tier == 0 {
                             vec![0]
                         } else {
-                            std::iter::once(tier)
-                                .chain((0..4).filter(|&t| t != tier))
-                                .collect()
+                            std::iter::once(tier).chain((0..4).filter(|&t| t != tier)).collect()
                         };
                         match order.iter().find_map(|&t| tiers[t].get(h)) {
                             Some(&r) => Some(r),
@@ -105,12 +101,7 @@ impl Model {
             let disk_end = host + run(w, 2, host);
             let disk = disk_end + run(w, 3, disk_end);
             if disk > 0 {
-                out.push(WorkerMatch {
-                    worker: w,
-                    device,
-                    host,
-                    disk,
-                });
+                out.push(WorkerMatch { worker: w, device, host, disk });
             }
         }
         out
@@ -140,22 +131,12 @@ const TIERS: [StorageTier; 4] = StorageTier::ALL;
 fn random_event(rng: &mut Rng, model: &Model, workers: &[WorkerId], next_hash: &mut u64) -> Event {
     let w = workers[rng.below(workers.len() as u64) as usize];
     // Mostly device, so deep device chains form; lower tiers often enough to matter.
-    let tier = if rng.chance(70) {
-        StorageTier::Device
-    } else {
-        TIERS[1 + rng.below(3) as usize]
-    };
-    let held: Vec<u64> = model
-        .workers
-        .get(&w)
-        .map(|t| t.iter().flat_map(|m| m.keys().copied()).collect())
-        .unwrap_or_default();
+    let tier = if rng.chance(70) { StorageTier::Device } else { TIERS[1 + rng.below(3) as usize] };
+    let held: Vec<u64> =
+        model.workers.get(&w).map(|t| t.iter().flat_map(|m| m.keys().copied()).collect()).unwrap_or_default();
     // Engines use one hash for one content: reuse (for other content) only within a tier.
-    let held_here: Vec<u64> = model
-        .workers
-        .get(&w)
-        .map(|t| t[tier as usize].keys().copied().collect())
-        .unwrap_or_default();
+    let held_here: Vec<u64> =
+        model.workers.get(&w).map(|t| t[tier as usize].keys().copied().collect()).unwrap_or_default();
     let roll = rng.below(100);
     if roll < 60 || held.is_empty() {
         let parent = if held.is_empty() || rng.chance(25) {
@@ -174,17 +155,12 @@ fn random_event(rng: &mut Rng, model: &Model, workers: &[WorkerId], next_hash: &
                     *next_hash += 1;
                     *next_hash
                 };
-                StoredBlock {
-                    engine_hash,
-                    local_hash: 1 + rng.below(3),
-                }
+                StoredBlock { engine_hash, local_hash: 1 + rng.below(3) }
             })
             .collect();
         Event::stored(w, tier, parent, blocks)
     } else if roll < 97 {
-        let mut hashes: Vec<u64> = (0..1 + rng.below(4))
-            .map(|_| held[rng.below(held.len() as u64) as usize])
-            .collect();
+        let mut hashes: Vec<u64> = (0..1 + rng.below(4)).map(|_| held[rng.below(held.len() as u64) as usize]).collect();
         if rng.chance(20) {
             hashes.push(2_000_000 + rng.below(100));
         }
@@ -200,14 +176,8 @@ fn random_query(rng: &mut Rng) -> Vec<u64> {
 
 fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
     let mut rng = Rng(seed);
-    let workers: Vec<WorkerId> = (0..worker_count)
-        .map(|i| WorkerId::new(i / 3, (i % 3) as u32))
-        .collect();
-    let ix = Index::new(IndexConfig {
-        block_size: 4,
-        jump,
-        depth_max: 0,
-    });
+    let workers: Vec<WorkerId> = (0..worker_count).map(|i| WorkerId::new(i / 3, (i % 3) as u32)).collect();
+    let ix = Index::new(IndexConfig { block_size: 4, jump, depth_max: 0 });
     let mut model = Model::default();
     let mut next_hash = 0u64;
     for step in 0..steps {
@@ -222,48 +192,23 @@ fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
         }
         for _ in 0..3 {
             let q = random_query(&mut rng);
-            assert_eq!(
-                sorted(ix.find_matches(&q).workers),
-                model.find(&q),
-                "seed {seed} step {step}: query {q:?}"
-            );
+            assert_eq!(sorted(ix.find_matches(&q).workers), model.find(&q), "seed {seed} step {step}: query {q:?}");
         }
         if step % 500 == 0 {
-            assert_eq!(
-                ix.stats().pairs,
-                model.pairs(),
-                "seed {seed} step {step}: pairs"
-            );
-            assert_eq!(
-                ix.stats().entries,
-                ix.table_keys(),
-                "every entry has exactly one slot"
-            );
+            assert_eq!(ix.stats().pairs, model.pairs(), "seed {seed} step {step}: pairs");
+            assert_eq!(ix.stats().entries, ix.table_keys(), "every entry has exactly one slot");
         }
         if step % 2000 == 1999 {
-            let copy = Index::new(IndexConfig {
-                block_size: 4,
-                jump: 3,
-                depth_max: 0,
-            });
+            let copy = Index::new(IndexConfig { block_size: 4, jump: 3, depth_max: 0 });
             for e in ix.dump_events() {
                 assert_eq!(copy.apply(&e).unknown_parent, 0, "dump applies cleanly");
             }
             for _ in 0..50 {
                 let q = random_query(&mut rng);
-                let (a, b) = (
-                    sorted(copy.find_matches(&q).workers),
-                    sorted(ix.find_matches(&q).workers),
-                );
-                let diff: Vec<_> = a
-                    .iter()
-                    .filter(|m| !b.contains(m))
-                    .chain(b.iter().filter(|m| !a.contains(m)))
-                    .collect();
-                assert!(
-                    diff.is_empty(),
-                    "seed {seed} step {step}: rebuilt from dump, query {q:?}: differing {diff:?}"
-                );
+                let (a, b) = (sorted(copy.find_matches(&q).workers), sorted(ix.find_matches(&q).workers));
+                let diff: Vec<_> =
+                    a.iter().filter(|m| !b.contains(m)).chain(b.iter().filter(|m| !a.contains(m))).collect();
+                assert!(diff.is_empty(), "seed {seed} step {step}: rebuilt from dump, query {q:?}: differing {diff:?}");
             }
         }
     }
@@ -271,11 +216,7 @@ fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
         ix.apply(&Event::cleared(w));
     }
     let s = ix.stats();
-    assert_eq!(
-        (s.entries, s.pairs),
-        (0, 0),
-        "clearing every worker empties the index"
-    );
+    assert_eq!((s.entries, s.pairs), (0, 0), "clearing every worker empties the index");
 }
 
 #[test]
@@ -294,10 +235,7 @@ fn random_streams_match_the_model_many_workers() {
 /// More seeds on demand: `KV_INDEXER_MODEL_SEEDS=200 cargo test --release --test index_model`.
 #[test]
 fn random_streams_match_the_model_extra_seeds() {
-    let n: u64 = std::env::var("KV_INDEXER_MODEL_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+    let n: u64 = std::env::var("KV_INDEXER_MODEL_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
     for i in 0..n {
         let seed = 0x5EED_0000 + i * 7919;
         run(seed, 3000, 8 + (i % 5) * 30, 1 + (i % 7) as usize);

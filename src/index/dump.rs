@@ -34,26 +34,15 @@ pub(crate) fn dump(writer: &Writer, shared: &Shared) -> Vec<Event> {
         for (tier, records) in state.records.iter().enumerate() {
             for (engine_hash, id) in records.iter() {
                 let e = writer.slab.get(id);
+                let guard = crossbeam::epoch::pin();
                 let visible = shared.levels[tier]
                     .get(e.level as usize)
-                    .and_then(|t| {
-                        t.read()
-                            .find(e.chain, e.group as u32)
-                            .map(|s| s.bits() & bit != 0)
-                    })
-                    .unwrap_or(false);
+                    .is_some_and(|t| t.bits(e.chain, e.group as u32, &guard) & bit != 0);
                 if !visible {
                     continue;
                 }
                 let parent_chain = (e.parent != NIL).then(|| writer.slab.get(e.parent).chain);
-                blocks.push(Block {
-                    level: e.level,
-                    tier,
-                    chain: e.chain,
-                    parent_chain,
-                    engine_hash,
-                    local: e.local,
-                });
+                blocks.push(Block { level: e.level, tier, chain: e.chain, parent_chain, engine_hash, local: e.local });
             }
         }
         // Parents first; device first within a level so lower tiers can hang off it.
@@ -72,25 +61,15 @@ pub(crate) fn dump(writer: &Writer, shared: &Shared) -> Vec<Event> {
                     let want = (b.level - 1, pc);
                     let candidates = emitted.get(&want).map(Vec::as_slice).unwrap_or(&[]);
                     // A receiver resolves a parent hash in the block's own tier first.
-                    match candidates
-                        .iter()
-                        .copied()
-                        .find(|&h| resolve(&known, b.tier, h) == Some(want))
-                    {
+                    match candidates.iter().copied().find(|&h| resolve(&known, b.tier, h) == Some(want)) {
                         Some(h) => Some(h),
                         None => continue,
                     }
                 }
             };
-            emitted
-                .entry((b.level, b.chain))
-                .or_default()
-                .push(b.engine_hash);
+            emitted.entry((b.level, b.chain)).or_default().push(b.engine_hash);
             known[b.tier].insert(b.engine_hash, (b.level, b.chain));
-            let block = StoredBlock {
-                engine_hash: b.engine_hash,
-                local_hash: b.local,
-            };
+            let block = StoredBlock { engine_hash: b.engine_hash, local_hash: b.local };
             if let Some(p) = parent {
                 if let Some(i) = open.remove(&(b.tier, p)) {
                     if let EventKind::Stored { blocks, .. } = &mut events[start + i].kind {
@@ -101,12 +80,7 @@ pub(crate) fn dump(writer: &Writer, shared: &Shared) -> Vec<Event> {
                 }
             }
             open.insert((b.tier, b.engine_hash), events.len() - start);
-            events.push(Event::stored(
-                state.id,
-                StorageTier::ALL[b.tier],
-                parent,
-                vec![block],
-            ));
+            events.push(Event::stored(state.id, StorageTier::ALL[b.tier], parent, vec![block]));
         }
     }
     events
@@ -120,7 +94,5 @@ fn resolve(known: &[FxHashMap<u64, (u32, u64)>; 4], tier: usize, hash: u64) -> O
     if tier == 0 {
         return None;
     }
-    (0..4)
-        .filter(|&t| t != tier)
-        .find_map(|t| known[t].get(&hash).copied())
+    (0..4).filter(|&t| t != tier).find_map(|t| known[t].get(&hash).copied())
 }

@@ -12,6 +12,7 @@
 //! must arrive in per-worker order (one owner per worker). See `writer` for
 //! the state kept and `query` for the search.
 
+mod chain;
 mod dump;
 mod level;
 mod query;
@@ -21,7 +22,6 @@ mod slots;
 mod writer;
 
 use crate::event::{Event, EventKind, WorkerId};
-use crate::hash::sequence_hashes_into;
 use level::Levels;
 use parking_lot::Mutex;
 use slots::PublishedSlots;
@@ -46,11 +46,7 @@ pub struct IndexConfig {
 
 impl IndexConfig {
     pub fn new(block_size: u32) -> Self {
-        IndexConfig {
-            block_size,
-            jump: 0,
-            depth_max: 0,
-        }
+        IndexConfig { block_size, jump: 0, depth_max: 0 }
     }
 }
 
@@ -124,23 +120,15 @@ pub struct Index {
 }
 
 thread_local! {
-    static SEQ_SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    static CHAIN_SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Index {
     pub fn new(cfg: IndexConfig) -> Index {
-        let depth_max = if cfg.depth_max == 0 {
-            DEPTH_MAX_DEFAULT
-        } else {
-            cfg.depth_max
-        };
+        let depth_max = if cfg.depth_max == 0 { DEPTH_MAX_DEFAULT } else { cfg.depth_max };
         Index {
             block_size: cfg.block_size,
-            jump: if cfg.jump == 0 {
-                JUMP_DEFAULT
-            } else {
-                cfg.jump
-            },
+            jump: if cfg.jump == 0 { JUMP_DEFAULT } else { cfg.jump },
             shared: Shared {
                 levels: std::array::from_fn(|_| Levels::new(depth_max)),
                 slots: PublishedSlots::new(),
@@ -159,6 +147,8 @@ impl Index {
     pub fn apply(&self, event: &Event) -> ApplyOutcome {
         let mut out = ApplyOutcome::default();
         let mut w = self.writer.lock();
+        // Pinned once here, nested pins in the writer are nearly free.
+        let _guard = crossbeam::epoch::pin();
         let slot = match &event.kind {
             EventKind::Stored { blocks, .. } => match w.slot(&self.shared, event.worker) {
                 Some(s) => s,
@@ -182,21 +172,12 @@ impl Index {
         // Readers retry a worker whose version moved while they looked.
         w.bump(slot);
         match &event.kind {
-            EventKind::Stored { parent, blocks } => w.store(
-                &self.shared,
-                event.worker,
-                event.tier,
-                *parent,
-                blocks,
-                &mut out,
-            ),
-            EventKind::Removed { engine_hashes } => w.remove(
-                &self.shared,
-                event.worker,
-                event.tier,
-                engine_hashes,
-                &mut out,
-            ),
+            EventKind::Stored { parent, blocks } => {
+                w.store(&self.shared, event.worker, event.tier, *parent, blocks, &mut out)
+            }
+            EventKind::Removed { engine_hashes } => {
+                w.remove(&self.shared, event.worker, event.tier, engine_hashes, &mut out)
+            }
             EventKind::Cleared => out.cleared = w.clear(&self.shared, event.worker) as u32,
         }
         w.bump(slot);
@@ -210,10 +191,10 @@ impl Index {
 
     /// Depths of every worker for a query given as the local hashes of its blocks.
     pub fn find_matches(&self, local_hashes: &[u64]) -> Matches {
-        SEQ_SCRATCH.with(|s| {
-            let mut seqs = s.borrow_mut();
-            sequence_hashes_into(local_hashes, &mut seqs);
-            query::find(&self.shared, &seqs, self.jump, || self.writer.lock())
+        CHAIN_SCRATCH.with(|s| {
+            let mut chains = s.borrow_mut();
+            let mut chains = chain::Chains::new(local_hashes, &mut chains);
+            query::find(&self.shared, &mut chains, self.jump, || self.writer.lock())
         })
     }
 
@@ -236,8 +217,7 @@ impl Index {
         IndexStats {
             entries: w.slab.live() as u64,
             pairs: w.pairs,
-            bytes: (std::mem::size_of::<Index>() + levels + w.slab.bytes() + w.records_bytes())
-                as u64,
+            bytes: (std::mem::size_of::<Index>() + levels + w.slab.bytes() + w.records_bytes()) as u64,
             workers: w.slot_of.len() as u64,
         }
     }

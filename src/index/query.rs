@@ -12,37 +12,41 @@
 //! before it stopped for that worker (device, then host, disk, external),
 //! as Dynamo chains them. Empty tiers cost nothing.
 
+use super::chain::Chains;
 use super::level::Levels;
 use super::slots::{SlotTable, GROUP_BITS};
 use super::writer::Shared;
 use super::{Matches, WorkerMatch};
 use crate::event::StorageTier;
+use crossbeam::epoch::{self, Guard};
 
 const G: usize = GROUP_BITS as usize;
 
 #[inline]
-fn bits_at(levels: &Levels, level: usize, chain: u64, group: u32) -> u64 {
+fn bits_at(levels: &Levels, chains: &mut Chains, level: usize, group: u32, guard: &Guard) -> u64 {
     match levels.get(level) {
-        Some(t) => t.read().find(chain, group).map_or(0, |s| s.bits()),
-        None => 0,
+        // A position no block ever reached costs no chain hash either.
+        Some(t) if t.len() > 0 => t.bits(chains.at(level), group, guard),
+        _ => 0,
     }
 }
 
-struct DeviceSearch<'a> {
+struct DeviceSearch<'a, 'c> {
     levels: &'a Levels,
-    seqs: &'a [u64],
+    chains: &'a mut Chains<'c>,
     group: u32,
+    guard: &'a Guard,
     depth: &'a mut [u32; G],
 }
 
-impl DeviceSearch<'_> {
+impl DeviceSearch<'_, '_> {
     #[inline]
-    fn bits(&self, level: usize) -> u64 {
-        bits_at(self.levels, level, self.seqs[level], self.group)
+    fn bits(&mut self, level: usize) -> u64 {
+        bits_at(self.levels, self.chains, level, self.group, self.guard)
     }
 
     fn run(&mut self, live: u64, jump: usize) {
-        let d = self.seqs.len();
+        let d = self.chains.len();
         if d == 0 {
             return;
         }
@@ -52,7 +56,16 @@ impl DeviceSearch<'_> {
             let hi = (lo + jump).min(d - 1);
             let still = self.bits(hi) & active;
             if still != active {
-                self.resolve(active & !still, lo, hi);
+                let dropped = active & !still;
+                // Binary search costs about log2(window) probes per distinct
+                // drop point; a linear scan costs the window once.
+                let window = hi - lo - 1;
+                let log = usize::BITS - window.leading_zeros();
+                if dropped.count_ones() as usize * log as usize >= window {
+                    self.scan(dropped, lo, hi);
+                } else {
+                    self.resolve(dropped, lo, hi);
+                }
                 active = still;
             }
             lo = hi;
@@ -60,7 +73,22 @@ impl DeviceSearch<'_> {
         self.assign(active, d as u32);
     }
 
-    /// Every worker of `set` reaches `lo` and none reaches `hi`.
+    /// Every worker of `set` reaches `lo` and none reaches `hi`: find each
+    /// one's last position by walking the positions in between.
+    fn scan(&mut self, mut set: u64, lo: usize, hi: usize) {
+        for k in lo + 1..hi {
+            let still = self.bits(k) & set;
+            self.assign(set & !still, k as u32);
+            set = still;
+            if set == 0 {
+                return;
+            }
+        }
+        self.assign(set, hi as u32);
+    }
+
+    /// Every worker of `set` reaches `lo` and none reaches `hi`: binary
+    /// search, splitting the set at each probe.
     fn resolve(&mut self, set: u64, lo: usize, hi: usize) {
         if hi - lo <= 1 {
             self.assign(set, lo as u32 + 1);
@@ -88,13 +116,14 @@ impl DeviceSearch<'_> {
 /// held in this tier; writes the extension length to `ext`.
 fn extend(
     levels: &Levels,
-    seqs: &[u64],
+    chains: &mut Chains,
     group: u32,
     live: u64,
     start: &[u32; G],
     ext: &mut [u32; G],
+    guard: &Guard,
 ) {
-    let d = seqs.len() as u32;
+    let d = chains.len() as u32;
     let mut order: Vec<(u32, u32)> = (0..G as u32)
         .filter(|&b| live >> b & 1 == 1 && start[b as usize] < d)
         .map(|b| (start[b as usize], b))
@@ -120,7 +149,7 @@ fn extend(
                 None => break,
             }
         }
-        let held = bits_at(levels, level as usize, seqs[level as usize], group) & alive;
+        let held = bits_at(levels, chains, level as usize, group, guard) & alive;
         let mut dropped = alive & !held;
         while dropped != 0 {
             let b = dropped.trailing_zeros() as usize;
@@ -145,34 +174,23 @@ type Depths = ([u32; G], [u32; G], [u32; G]);
 
 fn group_depths(
     shared: &Shared,
-    seqs: &[u64],
+    chains: &mut Chains,
     jump: usize,
     group: u32,
     mask: u64,
     lower_tiers: &[StorageTier],
+    guard: &Guard,
 ) -> Depths {
     let mut device = [0u32; G];
-    DeviceSearch {
-        levels: &shared.levels[StorageTier::Device.index()],
-        seqs,
-        group,
-        depth: &mut device,
-    }
-    .run(mask, jump);
+    DeviceSearch { levels: &shared.levels[StorageTier::Device.index()], chains, group, guard, depth: &mut device }
+        .run(mask, jump);
     let mut host = device;
     let mut disk = device;
     if !lower_tiers.is_empty() {
         let mut reach = device;
         for &tier in lower_tiers {
             let mut ext = [0u32; G];
-            extend(
-                &shared.levels[tier.index()],
-                seqs,
-                group,
-                mask,
-                &reach,
-                &mut ext,
-            );
+            extend(&shared.levels[tier.index()], chains, group, mask, &reach, &mut ext, guard);
             for b in 0..G {
                 reach[b] += ext[b];
             }
@@ -201,19 +219,16 @@ fn merge(into: &mut Depths, from: &Depths, mut mask: u64) {
 /// its bits were read is searched again (alone), so each worker's answer is
 /// a state it really had; past `RETRIES_MAX` the search waits for the writer
 /// (`lock_writer`), which no event can then interleave with.
-pub(crate) fn find<L, G2>(shared: &Shared, seqs: &[u64], jump: usize, lock_writer: L) -> Matches
+pub(crate) fn find<L, G2>(shared: &Shared, chains: &mut Chains, jump: usize, lock_writer: L) -> Matches
 where
     L: Fn() -> G2,
 {
-    let lower_tiers: Vec<StorageTier> = [
-        StorageTier::HostPinned,
-        StorageTier::Disk,
-        StorageTier::External,
-    ]
-    .into_iter()
-    .filter(|t| shared.tier_pairs[t.index()].load(std::sync::atomic::Ordering::Relaxed) > 0)
-    .collect();
-    shared.slots.read(|table: &SlotTable| {
+    let lower_tiers: Vec<StorageTier> = [StorageTier::HostPinned, StorageTier::Disk, StorageTier::External]
+        .into_iter()
+        .filter(|t| shared.tier_pairs[t.index()].load(std::sync::atomic::Ordering::Relaxed) > 0)
+        .collect();
+    let guard = epoch::pin();
+    shared.slots.read(&guard, |table: &SlotTable| {
         let mut out = Vec::new();
         for group in 0..table.groups() {
             let live = table.live[group];
@@ -226,7 +241,7 @@ where
             for attempt in 0..=RETRIES_MAX {
                 let _held = (attempt == RETRIES_MAX).then(&lock_writer);
                 table.read_versions(group, mask, &mut before);
-                let found = group_depths(shared, seqs, jump, group as u32, mask, &lower_tiers);
+                let found = group_depths(shared, chains, jump, group as u32, mask, &lower_tiers, &guard);
                 table.read_versions(group, mask, &mut after);
                 let mut unstable = 0u64;
                 let mut m = mask;
@@ -253,12 +268,7 @@ where
                     continue;
                 }
                 if let Some(worker) = table.worker(group, bit) {
-                    out.push(WorkerMatch {
-                        worker,
-                        device: device[b],
-                        host: host[b],
-                        disk: disk[b],
-                    });
+                    out.push(WorkerMatch { worker, device: device[b], host: host[b], disk: disk[b] });
                 }
             }
         }

@@ -101,11 +101,7 @@ impl Records {
         let mut j = (i + 1) & mask;
         while self.ids[j] != EMPTY {
             let h = home(self.keys[j], self.shift);
-            let movable = if hole <= j {
-                h <= hole || h > j
-            } else {
-                h <= hole && h > j
-            };
+            let movable = if hole <= j { h <= hole || h > j } else { h <= hole && h > j };
             if movable {
                 self.keys[hole] = self.keys[j];
                 self.ids[hole] = self.ids[j];
@@ -134,11 +130,7 @@ impl Records {
 
     /// Every (engine hash, entry id).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.keys
-            .iter()
-            .zip(&self.ids)
-            .filter(|(_, id)| **id != EMPTY)
-            .map(|(k, id)| (*k, *id))
+        self.keys.iter().zip(&self.ids).filter(|(_, id)| **id != EMPTY).map(|(k, id)| (*k, *id))
     }
 
     /// Empties the table, returning its contents.
@@ -160,9 +152,7 @@ mod tests {
         let mut model = HashMap::new();
         let mut x: u64 = 99;
         for step in 0..50_000u32 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let key = (x >> 33) % 700; // small sequential keys
             match x % 4 {
                 0 => assert_eq!(r.remove(key), model.remove(&key)),

@@ -69,8 +69,7 @@ impl Slab {
 
     pub(crate) fn bytes(&self) -> usize {
         let pages = self.pages.iter().flatten().count();
-        pages * PAGE_LEN * std::mem::size_of::<Entry>()
-            + self.pages.capacity() * std::mem::size_of::<Option<Page>>()
+        pages * PAGE_LEN * std::mem::size_of::<Entry>() + self.pages.capacity() * std::mem::size_of::<Option<Page>>()
     }
 
     /// Stores `entry`, returning its id; None when the id space is exhausted.
@@ -79,9 +78,7 @@ impl Slab {
             Some(&p) => p,
             None => self.new_page()?,
         };
-        let page = self.pages[page_no as usize]
-            .as_mut()
-            .expect("page with room exists");
+        let page = self.pages[page_no as usize].as_mut().expect("page with room exists");
         let slot = page.free_head;
         page.free_head = page.entries[slot as usize].next_sibling;
         page.entries[slot as usize] = entry;
@@ -106,17 +103,9 @@ impl Slab {
         };
         let mut entries = vec![Entry::VACANT; PAGE_LEN].into_boxed_slice();
         for (i, e) in entries.iter_mut().enumerate() {
-            e.next_sibling = if i + 1 < PAGE_LEN {
-                (i + 1) as u32
-            } else {
-                NIL
-            };
+            e.next_sibling = if i + 1 < PAGE_LEN { (i + 1) as u32 } else { NIL };
         }
-        self.pages[page_no] = Some(Page {
-            entries,
-            free_head: 0,
-            live: 0,
-        });
+        self.pages[page_no] = Some(Page { entries, free_head: 0, live: 0 });
         self.with_room.insert(page_no as u32);
         Some(page_no as u32)
     }
@@ -124,13 +113,8 @@ impl Slab {
     pub(crate) fn free(&mut self, id: u32) {
         let page_no = id >> PAGE_BITS;
         let slot = id & (PAGE_LEN as u32 - 1);
-        let page = self.pages[page_no as usize]
-            .as_mut()
-            .expect("freeing a live entry");
-        page.entries[slot as usize] = Entry {
-            next_sibling: page.free_head,
-            ..Entry::VACANT
-        };
+        let page = self.pages[page_no as usize].as_mut().expect("freeing a live entry");
+        page.entries[slot as usize] = Entry { next_sibling: page.free_head, ..Entry::VACANT };
         page.free_head = slot;
         page.live -= 1;
         self.live -= 1;
@@ -151,26 +135,20 @@ impl Slab {
     /// Whether `id` names a live entry.
     pub(crate) fn is_live(&self, id: u32) -> bool {
         match self.pages.get((id >> PAGE_BITS) as usize) {
-            Some(Some(page)) => {
-                page.entries[(id & (PAGE_LEN as u32 - 1)) as usize].tier != VACANT_TIER
-            }
+            Some(Some(page)) => page.entries[(id & (PAGE_LEN as u32 - 1)) as usize].tier != VACANT_TIER,
             _ => false,
         }
     }
 
     #[inline]
     pub(crate) fn get(&self, id: u32) -> &Entry {
-        let page = self.pages[(id >> PAGE_BITS) as usize]
-            .as_ref()
-            .expect("live entry");
+        let page = self.pages[(id >> PAGE_BITS) as usize].as_ref().expect("live entry");
         &page.entries[(id & (PAGE_LEN as u32 - 1)) as usize]
     }
 
     #[inline]
     pub(crate) fn get_mut(&mut self, id: u32) -> &mut Entry {
-        let page = self.pages[(id >> PAGE_BITS) as usize]
-            .as_mut()
-            .expect("live entry");
+        let page = self.pages[(id >> PAGE_BITS) as usize].as_mut().expect("live entry");
         &mut page.entries[(id & (PAGE_LEN as u32 - 1)) as usize]
     }
 }
@@ -182,15 +160,7 @@ mod tests {
     #[test]
     fn ids_are_stable_and_pages_are_released() {
         let mut slab = Slab::default();
-        let ids: Vec<u32> = (0..5000u64)
-            .map(|i| {
-                slab.alloc(Entry {
-                    chain: i,
-                    ..Entry::VACANT
-                })
-                .unwrap()
-            })
-            .collect();
+        let ids: Vec<u32> = (0..5000u64).map(|i| slab.alloc(Entry { chain: i, ..Entry::VACANT }).unwrap()).collect();
         for (i, &id) in ids.iter().enumerate() {
             assert_eq!(slab.get(id).chain, i as u64);
         }

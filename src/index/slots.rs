@@ -37,19 +37,11 @@ impl SlotTable {
     }
 
     pub(crate) fn worker(&self, group: usize, bit: u32) -> Option<WorkerId> {
-        self.workers
-            .get(group * GROUP_BITS as usize + bit as usize)
-            .copied()
-            .flatten()
+        self.workers.get(group * GROUP_BITS as usize + bit as usize).copied().flatten()
     }
 
     /// The versions of the slots in `mask` of `group`.
-    pub(crate) fn read_versions(
-        &self,
-        group: usize,
-        mut mask: u64,
-        out: &mut [u64; GROUP_BITS as usize],
-    ) {
+    pub(crate) fn read_versions(&self, group: usize, mut mask: u64, out: &mut [u64; GROUP_BITS as usize]) {
         let v = &self.versions[group];
         while mask != 0 {
             let b = mask.trailing_zeros() as usize;
@@ -66,15 +58,12 @@ pub(crate) struct PublishedSlots {
 
 impl PublishedSlots {
     pub(crate) fn new() -> Self {
-        PublishedSlots {
-            current: Atomic::new(SlotTable::default()),
-        }
+        PublishedSlots { current: Atomic::new(SlotTable::default()) }
     }
 
     /// Runs `f` on the current table.
-    pub(crate) fn read<R>(&self, f: impl FnOnce(&SlotTable) -> R) -> R {
-        let guard = epoch::pin();
-        let table = self.current.load(Ordering::Acquire, &guard);
+    pub(crate) fn read<R>(&self, guard: &epoch::Guard, f: impl FnOnce(&SlotTable) -> R) -> R {
+        let table = self.current.load(Ordering::Acquire, guard);
         // SAFETY: the pointer is never null (set in `new` and `publish`), and
         // the table it points to is only destroyed after every guard pinned
         // before its replacement is dropped.
@@ -84,9 +73,7 @@ impl PublishedSlots {
     /// Replaces the table. Only the index writer calls this.
     pub(crate) fn publish(&self, table: SlotTable) {
         let guard = epoch::pin();
-        let old = self
-            .current
-            .swap(Owned::new(table), Ordering::AcqRel, &guard);
+        let old = self.current.swap(Owned::new(table), Ordering::AcqRel, &guard);
         // SAFETY: `old` is no longer reachable from `current`; readers that
         // still hold it are pinned, so destruction waits for them.
         unsafe { guard.defer_destroy(old) };

@@ -16,13 +16,14 @@
 //! An entry with no holder is freed at once, unless it still has children
 //! (it is their structural parent); it is freed when its last child goes.
 
+use super::chain;
 use super::level::Levels;
 use super::records::Records;
 use super::slab::{Entry, Slab, NIL};
 use super::slots::{PublishedSlots, SlotTable, Versions, GROUP_BITS, SLOTS_MAX};
 use super::ApplyOutcome;
 use crate::event::{StorageTier, StoredBlock, WorkerId};
-use crate::hash::chain_hash;
+use crossbeam::epoch;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,8 +78,7 @@ impl Writer {
     fn publish(&mut self, shared: &Shared) {
         let groups = self.workers.len().div_ceil(GROUP_BITS as usize);
         while self.versions.len() < groups {
-            self.versions
-                .push(Arc::new(std::array::from_fn(|_| AtomicU64::new(0))));
+            self.versions.push(Arc::new(std::array::from_fn(|_| AtomicU64::new(0))));
         }
         // Versions are never dropped: a reader holding an older table must see
         // the same counters the writer bumps.
@@ -109,12 +109,8 @@ impl Writer {
             }
             None => return None,
         };
-        self.workers[slot as usize] = Some(WorkerState {
-            id: worker,
-            records: Default::default(),
-            detached: 0,
-            aliases: 0,
-        });
+        self.workers[slot as usize] =
+            Some(WorkerState { id: worker, records: Default::default(), detached: 0, aliases: 0 });
         self.slot_of.insert(worker, slot);
         self.publish(shared);
         Some(slot)
@@ -137,24 +133,16 @@ impl Writer {
     /// The query-visible bit of `id` for `bit`.
     fn visible(&self, shared: &Shared, id: u32, bit: u64) -> bool {
         let e = self.slab.get(id);
-        let table = shared.levels[e.tier as usize]
-            .get(e.level as usize)
-            .expect("entry's level exists")
-            .read();
-        table
-            .find(e.chain, e.group as u32)
-            .is_some_and(|s| s.bits() & bit != 0)
+        let guard = epoch::pin();
+        let level = shared.levels[e.tier as usize].get(e.level as usize).expect("entry's level exists");
+        level.slot(e.chain, e.group as u32, &guard).is_some_and(|s| s.bits() & bit != 0)
     }
 
     fn set_visible(&self, shared: &Shared, id: u32, bit: u64, on: bool) {
         let e = self.slab.get(id);
-        let table = shared.levels[e.tier as usize]
-            .get(e.level as usize)
-            .expect("entry's level exists")
-            .read();
-        let slot = table
-            .find(e.chain, e.group as u32)
-            .expect("entry has a slot");
+        let guard = epoch::pin();
+        let level = shared.levels[e.tier as usize].get(e.level as usize).expect("entry's level exists");
+        let slot = level.slot(e.chain, e.group as u32, &guard).expect("entry has a slot");
         if on {
             slot.set(bit)
         } else {
@@ -173,21 +161,15 @@ impl Writer {
         if tier == DEVICE {
             return None;
         }
-        (0..4)
-            .filter(|&t| t != tier)
-            .find_map(|t| st.records[t].get(engine_hash))
+        (0..4).filter(|&t| t != tier).find_map(|t| st.records[t].get(engine_hash))
     }
 
     /// The entry at `key`, created (with `local` and `parent`) if absent.
     fn entry_at(&mut self, shared: &Shared, key: Key, local: u64, parent: u32) -> Option<u32> {
-        let Key {
-            tier,
-            level,
-            chain,
-            group,
-        } = key;
-        let lock = shared.levels[tier].get_or_create(level as usize);
-        if let Some(s) = lock.read().find(chain, group as u32) {
+        let Key { tier, level, chain, group } = key;
+        let guard = epoch::pin();
+        let table = shared.levels[tier].get_or_create(level as usize);
+        if let Some(s) = table.slot(chain, group as u32, &guard) {
             return Some(s.id());
         }
         let entry = Entry {
@@ -203,7 +185,7 @@ impl Writer {
             tier: tier as u8,
         };
         let id = self.slab.alloc(entry)?;
-        lock.write().insert(chain, group as u32, id);
+        table.insert(chain, group as u32, id, &guard);
         if parent != NIL {
             let head = self.slab.get(parent).first_child;
             if head != NIL {
@@ -222,10 +204,9 @@ impl Writer {
             if e.held != 0 || e.first_child != NIL {
                 return;
             }
-            let removed = shared.levels[e.tier as usize]
-                .get_or_create(e.level as usize)
-                .write()
-                .remove(e.chain, e.group as u32);
+            let guard = epoch::pin();
+            let removed =
+                shared.levels[e.tier as usize].get_or_create(e.level as usize).remove(e.chain, e.group as u32, &guard);
             debug_assert!(removed, "entry had a slot");
             if e.prev_sibling != NIL {
                 self.slab.get_mut(e.prev_sibling).next_sibling = e.next_sibling;
@@ -311,15 +292,13 @@ impl Writer {
                 out.depth_exceeded += (blocks.len() - k) as u32;
                 return;
             }
-            let chain = parent_chain.map_or(b.local_hash, |pc| chain_hash(pc, b.local_hash));
+            let chain = parent_chain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash));
             let previous = self.state(slot).records[tier].get(b.engine_hash);
             if let Some(old) = previous {
                 let e = self.slab.get(old);
                 if e.chain == chain && e.level == level {
                     out.duplicate += 1;
-                    if tier == DEVICE
-                        && !self.visible(shared, old, bit)
-                        && self.parent_reached(shared, parent_id, bit)
+                    if tier == DEVICE && !self.visible(shared, old, bit) && self.parent_reached(shared, parent_id, bit)
                     {
                         self.state(slot).detached -= 1;
                         self.attach(shared, slot, old, bit);
@@ -330,17 +309,7 @@ impl Writer {
                     continue;
                 }
             }
-            let Some(id) = self.entry_at(
-                shared,
-                Key {
-                    tier,
-                    level,
-                    chain,
-                    group,
-                },
-                b.local_hash,
-                parent_id,
-            ) else {
+            let Some(id) = self.entry_at(shared, Key { tier, level, chain, group }, b.local_hash, parent_id) else {
                 out.rejected += (blocks.len() - k) as u32;
                 return;
             };
@@ -383,13 +352,7 @@ impl Writer {
     }
 
     /// Drops one (block, worker) pair; false if the worker has no such block.
-    pub(crate) fn remove_pair(
-        &mut self,
-        shared: &Shared,
-        slot: u32,
-        tier: usize,
-        engine_hash: u64,
-    ) -> bool {
+    pub(crate) fn remove_pair(&mut self, shared: &Shared, slot: u32, tier: usize, engine_hash: u64) -> bool {
         let Some(id) = self.state(slot).records[tier].remove(engine_hash) else {
             return false;
         };
@@ -497,10 +460,7 @@ impl Writer {
         self.workers
             .iter()
             .flatten()
-            .map(|w| {
-                w.records.iter().map(Records::bytes).sum::<usize>()
-                    + std::mem::size_of::<WorkerState>()
-            })
+            .map(|w| w.records.iter().map(Records::bytes).sum::<usize>() + std::mem::size_of::<WorkerState>())
             .sum::<usize>()
             + self.workers.capacity() * std::mem::size_of::<Option<WorkerState>>()
     }

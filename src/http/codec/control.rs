@@ -11,6 +11,7 @@ use super::endpoint::{validate_peer_url, validate_zmq_endpoint};
 use super::problems::{finish, tenant, Problems};
 use super::scan::Scan;
 use super::{BodyError, CONTROL_BODY_BYTES_MAX};
+use crate::ingest::BLOCK_SIZE_MAX;
 use std::borrow::Cow;
 
 /// Longest model name, tenant or salt a registration may create, in bytes.
@@ -23,7 +24,7 @@ pub struct RegisterRequest {
     /// A validated ZMQ endpoint (`tcp://host:port` or `ipc://path`).
     pub endpoint: String,
     pub model_name: String,
-    /// Tokens per block; never 0.
+    /// Tokens per block, in 1..=`ingest::BLOCK_SIZE_MAX`.
     pub block_size: u32,
     /// Also accepted as `routing_group`. None: the default tenant.
     pub tenant_id: Option<String>,
@@ -111,9 +112,7 @@ fn scan_fields<'a, const N: usize>(
             Kind::OptStr => s.read_opt_str()?.map(|v| v.map_or(Value::Null, Value::Str)),
             Kind::U64 => s.read_uint(u64::MAX)?.map(Value::Uint),
             Kind::U32 => s.read_uint(u64::from(u32::MAX))?.map(Value::Uint),
-            Kind::OptU32 => s
-                .read_opt_uint(u64::from(u32::MAX))?
-                .map(|v| v.map_or(Value::Null, Value::Uint)),
+            Kind::OptU32 => s.read_opt_uint(u64::from(u32::MAX))?.map(|v| v.map_or(Value::Null, Value::Uint)),
         };
         match read {
             Ok(v) => values[at] = v,
@@ -170,69 +169,25 @@ fn check_len(v: &Value<'_>, name: &str, problems: &mut Problems) {
     }
 }
 
-/// Parses a `/register` body. `block_size` 0, a bad endpoint or an
-/// over-long name is Invalid (400).
+/// Parses a `/register` body. A `block_size` outside 1..=BLOCK_SIZE_MAX, a
+/// bad endpoint or an over-long name is Invalid (400).
 pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, BodyError> {
     const F: [Field; 9] = [
-        Field {
-            name: "instance_id",
-            kind: Kind::U64,
-        },
-        Field {
-            name: "endpoint",
-            kind: Kind::Str,
-        },
-        Field {
-            name: "model_name",
-            kind: Kind::Str,
-        },
-        Field {
-            name: "block_size",
-            kind: Kind::U32,
-        },
-        Field {
-            name: "tenant_id",
-            kind: Kind::OptStr,
-        },
-        Field {
-            name: "routing_group",
-            kind: Kind::OptStr,
-        },
-        Field {
-            name: "dp_rank",
-            kind: Kind::OptU32,
-        },
-        Field {
-            name: "replay_endpoint",
-            kind: Kind::OptStr,
-        },
-        Field {
-            name: "additional_salt",
-            kind: Kind::OptStr,
-        },
+        Field { name: "instance_id", kind: Kind::U64 },
+        Field { name: "endpoint", kind: Kind::Str },
+        Field { name: "model_name", kind: Kind::Str },
+        Field { name: "block_size", kind: Kind::U32 },
+        Field { name: "tenant_id", kind: Kind::OptStr },
+        Field { name: "routing_group", kind: Kind::OptStr },
+        Field { name: "dp_rank", kind: Kind::OptU32 },
+        Field { name: "replay_endpoint", kind: Kind::OptStr },
+        Field { name: "additional_salt", kind: Kind::OptStr },
     ];
     // `additionalsalt` (Mooncake's spelling) is read as a tenth field below.
-    const G: [Field; 10] = [
-        F[0],
-        F[1],
-        F[2],
-        F[3],
-        F[4],
-        F[5],
-        F[6],
-        F[7],
-        F[8],
-        Field {
-            name: "additionalsalt",
-            kind: Kind::OptStr,
-        },
-    ];
-    let mut v = scan_fields(
-        body,
-        G,
-        "instance_id, endpoint, model_name, block_size, ...",
-        Problems::default(),
-        |v, p| {
+    const G: [Field; 10] =
+        [F[0], F[1], F[2], F[3], F[4], F[5], F[6], F[7], F[8], Field { name: "additionalsalt", kind: Kind::OptStr }];
+    let mut v =
+        scan_fields(body, G, "instance_id, endpoint, model_name, block_size, ...", Problems::default(), |v, p| {
             if let Some(e) = as_str(&v[1]) {
                 if let Err(m) = validate_zmq_endpoint(e) {
                     p.invalid(|| m);
@@ -243,8 +198,10 @@ pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, BodyError> {
                     p.invalid(|| format!("`replay_endpoint`: {m}"));
                 }
             }
-            if let Value::Uint(0) = v[3] {
-                p.invalid(|| "`block_size` must be at least 1".to_string());
+            if let Value::Uint(n) = v[3] {
+                if n == 0 || n > u64::from(BLOCK_SIZE_MAX) {
+                    p.invalid(|| format!("`block_size` must be in 1..={BLOCK_SIZE_MAX}, got {n}"));
+                }
             }
             for (at, name) in [
                 (2, "model_name"),
@@ -257,7 +214,9 @@ pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, BodyError> {
             }
             let salt = match (as_str(&v[8]), as_str(&v[9])) {
                 (Some(a), Some(b)) if a != b => {
-                    p.invalid(|| "`additional_salt` and `additionalsalt` name the same field and disagree; send one".to_string());
+                    p.invalid(|| {
+                        "`additional_salt` and `additionalsalt` name the same field and disagree; send one".to_string()
+                    });
                     None
                 }
                 (a, b) => a.or(b).map(str::to_owned),
@@ -267,16 +226,13 @@ pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, BodyError> {
             }
             let t = tenant(as_str(&v[4]), as_str(&v[5]), p).map(str::to_owned);
             v[4] = t.map_or(Value::Absent, |t| Value::Str(Cow::Owned(t)));
-        },
-    )?;
+        })?;
     let bad = || BodyError::Unprocessable("missing field".to_string());
     Ok(RegisterRequest {
         instance_id: take_uint(&mut v[0]).ok_or_else(bad)?,
         endpoint: take_str(&mut v[1]).ok_or_else(bad)?,
         model_name: take_str(&mut v[2]).ok_or_else(bad)?,
-        block_size: take_uint(&mut v[3])
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(bad)?,
+        block_size: take_uint(&mut v[3]).and_then(|n| u32::try_from(n).ok()).ok_or_else(bad)?,
         tenant_id: take_str(&mut v[4]),
         dp_rank: take_uint(&mut v[6]).and_then(|n| u32::try_from(n).ok()),
         replay_endpoint: take_str(&mut v[7]),
@@ -287,37 +243,16 @@ pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, BodyError> {
 /// Parses an `/unregister` body.
 pub fn parse_unregister(body: &[u8]) -> Result<UnregisterRequest, BodyError> {
     const F: [Field; 5] = [
-        Field {
-            name: "instance_id",
-            kind: Kind::U64,
-        },
-        Field {
-            name: "model_name",
-            kind: Kind::Str,
-        },
-        Field {
-            name: "tenant_id",
-            kind: Kind::OptStr,
-        },
-        Field {
-            name: "routing_group",
-            kind: Kind::OptStr,
-        },
-        Field {
-            name: "dp_rank",
-            kind: Kind::OptU32,
-        },
+        Field { name: "instance_id", kind: Kind::U64 },
+        Field { name: "model_name", kind: Kind::Str },
+        Field { name: "tenant_id", kind: Kind::OptStr },
+        Field { name: "routing_group", kind: Kind::OptStr },
+        Field { name: "dp_rank", kind: Kind::OptU32 },
     ];
-    let mut v = scan_fields(
-        body,
-        F,
-        "instance_id, model_name, ...",
-        Problems::default(),
-        |v, p| {
-            let t = tenant(as_str(&v[2]), as_str(&v[3]), p).map(str::to_owned);
-            v[2] = t.map_or(Value::Absent, |t| Value::Str(Cow::Owned(t)));
-        },
-    )?;
+    let mut v = scan_fields(body, F, "instance_id, model_name, ...", Problems::default(), |v, p| {
+        let t = tenant(as_str(&v[2]), as_str(&v[3]), p).map(str::to_owned);
+        v[2] = t.map_or(Value::Absent, |t| Value::Str(Cow::Owned(t)));
+    })?;
     let bad = || BodyError::Unprocessable("missing field".to_string());
     Ok(UnregisterRequest {
         instance_id: take_uint(&mut v[0]).ok_or_else(bad)?,
@@ -330,10 +265,7 @@ pub fn parse_unregister(body: &[u8]) -> Result<UnregisterRequest, BodyError> {
 /// Parses a `/register_peer` or `/deregister_peer` body; the url must be
 /// `http://host:port` (a trailing `/` is dropped).
 pub fn parse_peer(body: &[u8]) -> Result<PeerRequest, BodyError> {
-    const F: [Field; 1] = [Field {
-        name: "url",
-        kind: Kind::Str,
-    }];
+    const F: [Field; 1] = [Field { name: "url", kind: Kind::Str }];
     let mut normalized = None;
     let mut v = scan_fields(body, F, "url", Problems::default(), |v, p| {
         if let Some(u) = as_str(&v[0]) {
@@ -396,9 +328,7 @@ mod tests {
     #[test]
     fn register_errors() {
         let base = |extra: &str| {
-            format!(
-                r#"{{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":16{extra}}}"#
-            )
+            format!(r#"{{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":16{extra}}}"#)
         };
         let cases = [
             (base(""), "ok"),
@@ -407,64 +337,26 @@ mod tests {
             (base(r#","dp_rank":4294967296"#), "unprocessable"),
             (base(r#","tenant_id":"a","routing_group":"b""#), "invalid"),
             (base(r#","tenant_id":"a","routing_group":"a""#), "ok"),
-            (
-                base(r#","additional_salt":"a","additionalsalt":"b""#),
-                "invalid",
-            ),
+            (base(r#","additional_salt":"a","additionalsalt":"b""#), "invalid"),
             (base(r#","replay_endpoint":"tcp://*:5""#), "invalid"),
             (base(r#","replay_endpoint":5"#), "unprocessable"),
-            (
-                base(&format!(
-                    r#","tenant_id":"{}""#,
-                    "t".repeat(NAME_BYTES_MAX + 1)
-                )),
-                "invalid",
-            ),
-            (
-                r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":0}"#
-                    .into(),
-                "invalid",
-            ),
-            (
-                r#"{"instance_id":1,"endpoint":"tcp://h","model_name":"m","block_size":4}"#.into(),
-                "invalid",
-            ),
-            (
-                r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m"}"#.into(),
-                "unprocessable",
-            ),
-            (
-                r#"{"instance_id":-1,"endpoint":"tcp://h:1","model_name":"m","block_size":4}"#
-                    .into(),
-                "unprocessable",
-            ),
-            (
-                r#"{"instance_id":"1","endpoint":"tcp://h:1","model_name":"m","block_size":4}"#
-                    .into(),
-                "unprocessable",
-            ),
-            (
-                r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":4.0}"#
-                    .into(),
-                "unprocessable",
-            ),
+            (base(&format!(r#","tenant_id":"{}""#, "t".repeat(NAME_BYTES_MAX + 1))), "invalid"),
+            (r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":0}"#.into(), "invalid"),
+            (r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":1048577}"#.into(), "invalid"),
+            (r#"{"instance_id":1,"endpoint":"tcp://h","model_name":"m","block_size":4}"#.into(), "invalid"),
+            (r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m"}"#.into(), "unprocessable"),
+            (r#"{"instance_id":-1,"endpoint":"tcp://h:1","model_name":"m","block_size":4}"#.into(), "unprocessable"),
+            (r#"{"instance_id":"1","endpoint":"tcp://h:1","model_name":"m","block_size":4}"#.into(), "unprocessable"),
+            (r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":4.0}"#.into(), "unprocessable"),
             // A type error outranks a bad endpoint.
-            (
-                r#"{"instance_id":1,"endpoint":"nope","model_name":5,"block_size":4}"#.into(),
-                "unprocessable",
-            ),
-            (
-                r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":4"#.into(),
-                "malformed",
-            ),
+            (r#"{"instance_id":1,"endpoint":"nope","model_name":5,"block_size":4}"#.into(), "unprocessable"),
+            (r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":4"#.into(), "malformed"),
         ];
         for (body, want) in cases {
             assert_eq!(class(parse_register(body.as_bytes())), want, "{body}");
         }
-        let err = parse_register(
-            br#"{"instance_id":1,"endpoint":"tcp://*:5557","model_name":"m","block_size":4}"#,
-        )
-        .unwrap_err();
+        let err = parse_register(br#"{"instance_id":1,"endpoint":"tcp://*:5557","model_name":"m","block_size":4}"#)
+            .unwrap_err();
         assert_eq!(err.status(), 400);
         assert!(err.message().contains("tcp://*:5557"), "{}", err.message());
     }
@@ -472,51 +364,21 @@ mod tests {
     #[test]
     fn unregister_fields() {
         let r = parse_unregister(br#"{"instance_id":7,"model_name":"m"}"#).unwrap();
-        assert_eq!(
-            r,
-            UnregisterRequest {
-                instance_id: 7,
-                model_name: "m".into(),
-                tenant_id: None,
-                dp_rank: None
-            }
-        );
-        let r = parse_unregister(
-            br#"{"instance_id":7,"model_name":"m","routing_group":"g","dp_rank":2}"#,
-        )
-        .unwrap();
+        assert_eq!(r, UnregisterRequest { instance_id: 7, model_name: "m".into(), tenant_id: None, dp_rank: None });
+        let r = parse_unregister(br#"{"instance_id":7,"model_name":"m","routing_group":"g","dp_rank":2}"#).unwrap();
         assert_eq!(r.tenant_id.as_deref(), Some("g"));
         assert_eq!(r.dp_rank, Some(2));
-        assert_eq!(
-            class(parse_unregister(br#"{"model_name":"m"}"#)),
-            "unprocessable"
-        );
-        assert_eq!(
-            class(parse_unregister(
-                br#"{"instance_id":7,"model_name":"m","dp_rank":"0"}"#
-            )),
-            "unprocessable"
-        );
-        assert_eq!(
-            class(parse_unregister(b"{\"instance_id\":7,\"model_name\":\"m\"")),
-            "malformed"
-        );
+        assert_eq!(class(parse_unregister(br#"{"model_name":"m"}"#)), "unprocessable");
+        assert_eq!(class(parse_unregister(br#"{"instance_id":7,"model_name":"m","dp_rank":"0"}"#)), "unprocessable");
+        assert_eq!(class(parse_unregister(b"{\"instance_id\":7,\"model_name\":\"m\"")), "malformed");
     }
 
     #[test]
     fn peer_url() {
-        assert_eq!(
-            parse_peer(br#"{"url":"http://127.0.0.1:8091/"}"#)
-                .unwrap()
-                .url,
-            "http://127.0.0.1:8091"
-        );
+        assert_eq!(parse_peer(br#"{"url":"http://127.0.0.1:8091/"}"#).unwrap().url, "http://127.0.0.1:8091");
         assert_eq!(class(parse_peer(br#"{"url":"ftp://x:1"}"#)), "invalid");
         assert_eq!(class(parse_peer(br#"{"url":null}"#)), "unprocessable");
         assert_eq!(class(parse_peer(br#"{}"#)), "unprocessable");
-        assert_eq!(
-            class(parse_peer(br#"{"url":"http://a:1","url":"http://a:1"}"#)),
-            "unprocessable"
-        );
+        assert_eq!(class(parse_peer(br#"{"url":"http://a:1","url":"http://a:1"}"#)), "unprocessable");
     }
 }

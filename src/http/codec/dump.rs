@@ -153,14 +153,10 @@ pub fn parse_dump_counted(body: &[u8]) -> Result<DumpParse, BodyError> {
             continue;
         }
         let (Some(block_size), Some(events)) = (entry.block_size, entry.events) else {
-            return Err(BodyError::Unprocessable(format!(
-                "dump entry {key:?} needs `block_size` and `events`"
-            )));
+            return Err(BodyError::Unprocessable(format!("dump entry {key:?} needs `block_size` and `events`")));
         };
         if block_size == 0 {
-            return Err(BodyError::Invalid(format!(
-                "dump entry {key:?} has block_size 0"
-            )));
+            return Err(BodyError::Invalid(format!("dump entry {key:?} has block_size 0")));
         }
         let (model_name, tenant_id) = match (entry.model_name, entry.tenant_id) {
             (Some(m), Some(t)) => (m, t),
@@ -170,19 +166,11 @@ pub fn parse_dump_counted(body: &[u8]) -> Result<DumpParse, BodyError> {
                         "dump key {key:?} is not \"model:tenant\" and the entry has no model_name and tenant_id"
                     )));
                 };
-                (
-                    m.unwrap_or_else(|| key_model.to_owned()),
-                    t.unwrap_or_else(|| key_tenant.to_owned()),
-                )
+                (m.unwrap_or_else(|| key_model.to_owned()), t.unwrap_or_else(|| key_tenant.to_owned()))
             }
         };
         parsed.skipped_events += events.skipped;
-        parsed.entries.push(DumpEntry {
-            model_name,
-            tenant_id,
-            block_size,
-            events: events.events,
-        });
+        parsed.entries.push(DumpEntry { model_name, tenant_id, block_size, events: events.events });
     }
     Ok(parsed)
 }
@@ -239,10 +227,7 @@ impl<'de> Deserialize<'de> for Events {
                 f.write_str("an array of RouterEvent objects")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Events, A::Error> {
-                let mut out = Events {
-                    events: Vec::new(),
-                    skipped: 0,
-                };
+                let mut out = Events { events: Vec::new(), skipped: 0 };
                 while let Some(e) = seq.next_element::<WireEvent>()? {
                     match e.into_event() {
                         Some(ev) => out.events.push(ev),
@@ -281,15 +266,12 @@ impl WireEvent {
                 blocks: s
                     .blocks
                     .into_iter()
-                    .map(|b| StoredBlock {
-                        engine_hash: b.block_hash.0,
-                        local_hash: b.tokens_hash.0,
-                    })
+                    .map(|b| StoredBlock { engine_hash: b.block_hash.0, local_hash: b.tokens_hash.0 })
                     .collect(),
             },
-            WireData::Removed(r) => EventKind::Removed {
-                engine_hashes: r.block_hashes.into_iter().map(|h| h.0).collect(),
-            },
+            WireData::Removed(r) => {
+                EventKind::Removed { engine_hashes: r.block_hashes.into_iter().map(|h| h.0).collect() }
+            }
             WireData::Cleared => EventKind::Cleared,
         };
         Some(Event { worker, tier, kind })
@@ -411,13 +393,7 @@ mod tests {
     }
 
     fn blocks(pairs: &[(u64, u64)]) -> Vec<StoredBlock> {
-        pairs
-            .iter()
-            .map(|&(engine_hash, local_hash)| StoredBlock {
-                engine_hash,
-                local_hash,
-            })
-            .collect()
+        pairs.iter().map(|&(engine_hash, local_hash)| StoredBlock { engine_hash, local_hash }).collect()
     }
 
     #[test]
@@ -428,12 +404,7 @@ mod tests {
             block_size: 16,
             events: vec![
                 Event::stored(w(7, 1), StorageTier::Device, Some(11), blocks(&[(12, 99)])),
-                Event::stored(
-                    w(7, 0),
-                    StorageTier::HostPinned,
-                    None,
-                    blocks(&[(u64::MAX, 1), (2, 3)]),
-                ),
+                Event::stored(w(7, 0), StorageTier::HostPinned, None, blocks(&[(u64::MAX, 1), (2, 3)])),
                 Event::removed(w(8, 0), StorageTier::Disk, vec![5, 6]),
                 Event::cleared(w(9, 2)),
             ],
@@ -503,17 +474,9 @@ mod tests {
         ];
         for (body, status) in cases {
             let err = parse_dump(body).expect_err(&String::from_utf8_lossy(body));
-            assert_eq!(
-                err.status(),
-                status,
-                "{}: {err}",
-                String::from_utf8_lossy(body)
-            );
+            assert_eq!(err.status(), status, "{}: {err}", String::from_utf8_lossy(body));
         }
-        let deep = format!(
-            "{{\"m:t\":{{\"block_size\":4,\"x\":{}}}}}",
-            "[".repeat(100_000)
-        );
+        let deep = format!("{{\"m:t\":{{\"block_size\":4,\"x\":{}}}}}", "[".repeat(100_000));
         assert_eq!(parse_dump(deep.as_bytes()).unwrap_err().status(), 400);
     }
 }

@@ -14,11 +14,8 @@ const IPC_PATH_BYTES_MAX: usize = 107;
 /// `*` is refused: it means "every interface" for a bind and cannot be
 /// connected to. Returns a message saying what is wrong.
 pub fn validate_zmq_endpoint(endpoint: &str) -> Result<(), String> {
-    let bad = |why: &str| {
-        Err(format!(
-            "invalid ZMQ endpoint {endpoint:?}: {why}; expected tcp://host:port or ipc://path"
-        ))
-    };
+    let bad =
+        |why: &str| Err(format!("invalid ZMQ endpoint {endpoint:?}: {why}; expected tcp://host:port or ipc://path"));
     if endpoint.len() > ADDRESS_BYTES_MAX {
         return bad("too long");
     }
@@ -46,11 +43,7 @@ pub fn validate_zmq_endpoint(endpoint: &str) -> Result<(), String> {
 /// Checks a peer URL, `http://host:port` with an optional trailing `/`,
 /// and returns it without the slash, so one peer has one spelling.
 pub fn validate_peer_url(url: &str) -> Result<String, String> {
-    let bad = |why: &str| {
-        Err(format!(
-            "invalid peer url {url:?}: {why}; expected http://host:port"
-        ))
-    };
+    let bad = |why: &str| Err(format!("invalid peer url {url:?}: {why}; expected http://host:port"));
     if url.len() > ADDRESS_BYTES_MAX {
         return bad("too long");
     }
@@ -143,14 +136,8 @@ mod tests {
 
     #[test]
     fn peer_urls() {
-        assert_eq!(
-            validate_peer_url("http://10.0.0.2:8090/"),
-            Ok("http://10.0.0.2:8090".to_string())
-        );
-        assert_eq!(
-            validate_peer_url("http://peer:8090"),
-            Ok("http://peer:8090".to_string())
-        );
+        assert_eq!(validate_peer_url("http://10.0.0.2:8090/"), Ok("http://10.0.0.2:8090".to_string()));
+        assert_eq!(validate_peer_url("http://peer:8090"), Ok("http://peer:8090".to_string()));
         for bad in [
             "https://peer:8090",
             "http://peer",

@@ -25,14 +25,10 @@ struct Masks {
 #[inline(always)]
 fn classify(w: &[u8; 64]) -> Masks {
     use std::arch::x86_64::{
-        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
-        _mm_set1_epi8, _mm_sub_epi8,
+        __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
+        _mm_sub_epi8,
     };
-    let mut m = Masks {
-        digits: 0,
-        commas: 0,
-        other: 0,
-    };
+    let mut m = Masks { digits: 0, commas: 0, other: 0 };
     // SSE2 is part of the x86_64 baseline, so these are always available.
     // SAFETY: each load reads 16 bytes at offset 16*k of a 64-byte array
     // (k < 4), in bounds; `loadu` has no alignment requirement.
@@ -62,11 +58,7 @@ fn classify(w: &[u8; 64]) -> Masks {
 /// Portable classification; the reference the SIMD version is tested against.
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn classify_scalar(w: &[u8; 64]) -> Masks {
-    let mut m = Masks {
-        digits: 0,
-        commas: 0,
-        other: 0,
-    };
+    let mut m = Masks { digits: 0, commas: 0, other: 0 };
     for (k, &b) in w.iter().enumerate() {
         match b {
             b'0'..=b'9' => m.digits |= 1 << k,
@@ -93,9 +85,7 @@ fn prefix_xor(mut x: u64) -> u64 {
 /// Reads 8 bytes at `at` as a little-endian word, if the body has them.
 #[inline(always)]
 fn word_at(b: &[u8], at: usize) -> Option<u64> {
-    b.get(at..at + 8)
-        .and_then(|c| <[u8; 8]>::try_from(c).ok())
-        .map(u64::from_le_bytes)
+    b.get(at..at + 8).and_then(|c| <[u8; 8]>::try_from(c).ok()).map(u64::from_le_bytes)
 }
 
 /// Consumes the leading elements of an integer array that have the common
@@ -150,11 +140,7 @@ pub(super) fn plain_u32_prefix(b: &[u8], start: usize, out: &mut Vec<u32>) -> (u
         while rest != 0 {
             let s = rest.trailing_zeros() as usize;
             rest &= rest - 1;
-            let Some(x) = ext
-                .get(s..s + 8)
-                .and_then(|c| <[u8; 8]>::try_from(c).ok())
-                .map(u64::from_le_bytes)
-            else {
+            let Some(x) = ext.get(s..s + 8).and_then(|c| <[u8; 8]>::try_from(c).ok()).map(u64::from_le_bytes) else {
                 out.truncate(first + count + k);
                 return (count + k, end);
             };
@@ -221,11 +207,7 @@ fn careful_window(
         // ...); no leading zeros; exactly one comma since the previous number.
         let after = (x >> (8 * n.min(7))) as u8;
         let commas = commas_before + (m.commas & ((1u64 << s) - 1)).count_ones() as usize;
-        if n > 7
-            || (after != b',' && after != b' ')
-            || (n > 1 && x as u8 == b'0')
-            || commas != count + taken
-        {
+        if n > 7 || (after != b',' && after != b' ') || (n > 1 && x as u8 == b'0') || commas != count + taken {
             break;
         }
         out.push(super::scan::chunk_value(x, n) as u32);
@@ -249,20 +231,13 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                *b = if x % 5 == 0 {
-                    x as u8
-                } else {
-                    alphabet[(x >> 8) as usize % alphabet.len()]
-                };
+                *b = if x % 5 == 0 { x as u8 } else { alphabet[(x >> 8) as usize % alphabet.len()] };
             }
             let (a, s) = (classify(&w), classify_scalar(&w));
             assert_eq!((a.digits, a.commas, a.other), (s.digits, s.commas, s.other));
             let p = prefix_xor(x);
             for j in 0..64 {
-                assert_eq!(
-                    (p >> j) & 1,
-                    u64::from((x & (u64::MAX >> (63 - j))).count_ones() % 2)
-                );
+                assert_eq!((p >> j) & 1, u64::from((x & (u64::MAX >> (63 - j))).count_ones() % 2));
             }
         }
     }
@@ -277,9 +252,7 @@ mod tests {
     #[test]
     fn stops_before_anything_unusual() {
         let tail = " ".repeat(80);
-        let many: Vec<String> = (0..40)
-            .map(|i| (i * 7919 % 1_000_000).to_string())
-            .collect();
+        let many: Vec<String> = (0..40).map(|i| (i * 7919 % 1_000_000).to_string()).collect();
         let body = format!("{}]{tail}", many.join(", "));
         let (v, n, end) = prefix(&body);
         // Stops at a window holding ']' and resumes right after a number.
@@ -309,9 +282,7 @@ mod tests {
     fn numbers_across_window_edges() {
         // Numbers of every length straddle the 64-byte boundaries.
         for shift in 0..16 {
-            let ids: Vec<u32> = (0..200u32)
-                .map(|i| (i.wrapping_mul(2654435761) % 10_000_000) >> (i % 20))
-                .collect();
+            let ids: Vec<u32> = (0..200u32).map(|i| (i.wrapping_mul(2654435761) % 10_000_000) >> (i % 20)).collect();
             let text: Vec<String> = ids.iter().map(|v| v.to_string()).collect();
             let body = format!("{}{}]{}", " ".repeat(shift), text.join(","), " ".repeat(70));
             let (v, n, _) = prefix(&body);

@@ -47,14 +47,12 @@ mod response;
 mod scan;
 mod workers;
 
-pub use control::{
-    parse_peer, parse_register, parse_unregister, PeerRequest, RegisterRequest, UnregisterRequest,
-};
+pub use control::{parse_peer, parse_register, parse_unregister, PeerRequest, RegisterRequest, UnregisterRequest};
 pub use dump::{parse_dump, parse_dump_counted, write_dump, DumpEntry, DumpParse};
 pub use endpoint::{validate_peer_url, validate_zmq_endpoint};
 pub use query::{parse_query, parse_query_by_hash, QueryRequest};
 pub use response::{write_error, write_query_response, write_status_ok};
-pub use workers::{write_peers, write_workers, ListenerInfo, ListenerStatus, WorkerInfo};
+pub use workers::{aggregate_status, write_peers, write_workers, WorkerInfo, WorkerListener};
 
 use std::fmt;
 

@@ -52,11 +52,7 @@ impl Problems {
 }
 
 /// Turns the scanner's outcome into the endpoint's error, syntax first.
-pub(super) fn finish(
-    scanned: SResult<bool>,
-    mut problems: Problems,
-    what: &str,
-) -> Result<(), BodyError> {
+pub(super) fn finish(scanned: SResult<bool>, mut problems: Problems, what: &str) -> Result<(), BodyError> {
     match scanned {
         Err(syntax) => Err(BodyError::Malformed(syntax.message())),
         Ok(false) => {

@@ -29,10 +29,7 @@ pub struct QueryRequest<'a> {
 /// Parses a `/query` body. `token_ids` (each an integer in 0..=u32::MAX;
 /// anything else is 422) are appended to `tokens`, which is cleared first
 /// and holds no meaningful content if an error is returned.
-pub fn parse_query<'a>(
-    body: &'a [u8],
-    tokens: &mut Vec<u32>,
-) -> Result<QueryRequest<'a>, BodyError> {
+pub fn parse_query<'a>(body: &'a [u8], tokens: &mut Vec<u32>) -> Result<QueryRequest<'a>, BodyError> {
     tokens.clear();
     parse(body, Ids::Tokens(tokens))
 }
@@ -40,10 +37,7 @@ pub fn parse_query<'a>(
 /// Parses a `/query_by_hash` body. `block_hashes` (each an integer in
 /// [-2^63, 2^64); negatives are taken as two's complement) are appended to
 /// `hashes`, which is cleared first.
-pub fn parse_query_by_hash<'a>(
-    body: &'a [u8],
-    hashes: &mut Vec<u64>,
-) -> Result<QueryRequest<'a>, BodyError> {
+pub fn parse_query_by_hash<'a>(body: &'a [u8], hashes: &mut Vec<u64>) -> Result<QueryRequest<'a>, BodyError> {
     hashes.clear();
     parse(body, Ids::Hashes(hashes))
 }
@@ -157,11 +151,7 @@ fn parse<'a>(body: &'a [u8], mut ids: Ids<'_>) -> Result<QueryRequest<'a>, BodyE
         }
         Ok(())
     });
-    let what = if by_hash {
-        "block_hashes, model_name, ..."
-    } else {
-        "token_ids, model_name, ..."
-    };
+    let what = if by_hash { "block_hashes, model_name, ..." } else { "token_ids, model_name, ..." };
     if seen & IDS == 0 {
         problems.unprocessable(|| format!("missing field `{ids_name}` (an array of integers)"));
     }
@@ -177,16 +167,9 @@ fn parse<'a>(body: &'a [u8], mut ids: Ids<'_>) -> Result<QueryRequest<'a>, BodyE
     };
     finish(scanned, problems, what)?;
     match model_name {
-        Some(model_name) => Ok(QueryRequest {
-            model_name,
-            tenant_id,
-            lora_name,
-            cache_salt,
-        }),
+        Some(model_name) => Ok(QueryRequest { model_name, tenant_id, lora_name, cache_salt }),
         // Unreachable: a missing or mistyped model_name was recorded above.
-        None => Err(BodyError::Unprocessable(
-            "missing field `model_name` (a string)".to_string(),
-        )),
+        None => Err(BodyError::Unprocessable("missing field `model_name` (a string)".to_string())),
     }
 }
 
@@ -217,7 +200,7 @@ mod tests {
     fn parses_a_full_query() {
         let (r, t) = q(r#" {"token_ids": [1, 2 ,3,4294967295], "model_name": "m\u00e9",
             "tenant_id": "acme", "lora_name": "ad", "cache_salt": null, "extra": {"a": [1, "}"]}} "#)
-            .unwrap();
+        .unwrap();
         assert_eq!(t, vec![1, 2, 3, u32::MAX]);
         assert_eq!(r.model_name, "m\u{e9}");
         assert_eq!(r.tenant_id.as_deref(), Some("acme"));
@@ -236,32 +219,16 @@ mod tests {
     fn tenant_spellings() {
         let (r, _) = q(r#"{"token_ids":[],"model_name":"m","routing_group":"g"}"#).unwrap();
         assert_eq!(r.tenant_id.as_deref(), Some("g"));
-        let (r, _) =
-            q(r#"{"token_ids":[],"model_name":"m","routing_group":"g","tenant_id":"g"}"#).unwrap();
+        let (r, _) = q(r#"{"token_ids":[],"model_name":"m","routing_group":"g","tenant_id":"g"}"#).unwrap();
         assert_eq!(r.tenant_id.as_deref(), Some("g"));
         let (r, _) = q(r#"{"token_ids":[],"model_name":"m","tenant_id":null}"#).unwrap();
         assert_eq!(r.tenant_id, None);
-        assert_eq!(
-            class(q(
-                r#"{"token_ids":[],"model_name":"m","routing_group":"g","tenant_id":"h"}"#
-            )),
-            "invalid"
-        );
+        assert_eq!(class(q(r#"{"token_ids":[],"model_name":"m","routing_group":"g","tenant_id":"h"}"#)), "invalid");
     }
 
     #[test]
     fn token_values_out_of_u32_are_unprocessable() {
-        for bad in [
-            "-1",
-            "4294967296",
-            "1.0",
-            "1e2",
-            "-0",
-            "\"1\"",
-            "null",
-            "[1]",
-            "true",
-        ] {
+        for bad in ["-1", "4294967296", "1.0", "1e2", "-0", "\"1\"", "null", "[1]", "true"] {
             let body = format!(r#"{{"token_ids":[1,{bad},3],"model_name":"m"}}"#);
             let err = q(&body).unwrap_err();
             assert_eq!(err.status(), 422, "{bad}: {err}");
@@ -296,8 +263,8 @@ mod tests {
 
     #[test]
     fn unknown_fields_may_repeat_and_hold_anything() {
-        let (_, t) = q(r#"{"x":1,"x":[{"y":"\\\""}],"block_hashes":"no","token_ids":[7],"model_name":"m","x":null}"#)
-            .unwrap();
+        let (_, t) =
+            q(r#"{"x":1,"x":[{"y":"\\\""}],"block_hashes":"no","token_ids":[7],"model_name":"m","x":null}"#).unwrap();
         assert_eq!(t, vec![7]);
     }
 
@@ -325,18 +292,10 @@ mod tests {
 
     #[test]
     fn nesting_is_bounded_like_serde_json() {
-        let ok = format!(
-            r#"{{"x":{}{},"token_ids":[],"model_name":"m"}}"#,
-            "[".repeat(126),
-            "]".repeat(126)
-        );
+        let ok = format!(r#"{{"x":{}{},"token_ids":[],"model_name":"m"}}"#, "[".repeat(126), "]".repeat(126));
         assert_eq!(class(q(&ok)), "ok");
         assert!(serde_json::from_str::<serde_json::Value>(&ok).is_ok());
-        let deep = format!(
-            r#"{{"x":{}{},"token_ids":[],"model_name":"m"}}"#,
-            "[".repeat(127),
-            "]".repeat(127)
-        );
+        let deep = format!(r#"{{"x":{}{},"token_ids":[],"model_name":"m"}}"#, "[".repeat(127), "]".repeat(127));
         assert_eq!(class(q(&deep)), "malformed");
         assert!(serde_json::from_str::<serde_json::Value>(&deep).is_err());
         // Far deeper than any stack would survive without the bound.
@@ -358,34 +317,16 @@ mod tests {
 
     #[test]
     fn query_by_hash_refuses_a_cache_salt() {
-        assert_eq!(
-            class(h(
-                r#"{"block_hashes":[1],"model_name":"m","cache_salt":"s"}"#
-            )),
-            "invalid"
-        );
-        assert_eq!(
-            class(h(
-                r#"{"block_hashes":[1],"model_name":"m","cache_salt":null}"#
-            )),
-            "ok"
-        );
-        assert_eq!(
-            class(h(r#"{"block_hashes":[1],"model_name":"m","cache_salt":3}"#)),
-            "unprocessable"
-        );
+        assert_eq!(class(h(r#"{"block_hashes":[1],"model_name":"m","cache_salt":"s"}"#)), "invalid");
+        assert_eq!(class(h(r#"{"block_hashes":[1],"model_name":"m","cache_salt":null}"#)), "ok");
+        assert_eq!(class(h(r#"{"block_hashes":[1],"model_name":"m","cache_salt":3}"#)), "unprocessable");
         // Type errors outrank invalid values whatever the field order.
-        assert_eq!(
-            class(h(r#"{"cache_salt":"s","block_hashes":[1],"model_name":7}"#)),
-            "unprocessable"
-        );
+        assert_eq!(class(h(r#"{"cache_salt":"s","block_hashes":[1],"model_name":7}"#)), "unprocessable");
     }
 
     #[test]
     fn long_numbers_cross_the_eight_byte_chunks() {
-        let ids: Vec<u32> = (0..200u32)
-            .map(|i| i.wrapping_mul(2654435761) >> (i % 32))
-            .collect();
+        let ids: Vec<u32> = (0..200u32).map(|i| i.wrapping_mul(2654435761) >> (i % 32)).collect();
         let text: Vec<String> = ids.iter().map(|v| v.to_string()).collect();
         let body = format!(r#"{{"model_name":"m","token_ids":[{}]}}"#, text.join(","));
         assert_eq!(q(&body).unwrap().1, ids);
@@ -399,9 +340,6 @@ mod tests {
     fn oversized_bodies_are_refused() {
         let body = vec![b' '; QUERY_BODY_BYTES_MAX + 1];
         let mut t = Vec::new();
-        assert!(matches!(
-            parse_query(&body, &mut t),
-            Err(BodyError::Invalid(_))
-        ));
+        assert!(matches!(parse_query(&body, &mut t), Err(BodyError::Invalid(_))));
     }
 }

@@ -58,23 +58,9 @@ pub fn write_query_response(
     query_blocks: usize,
 ) {
     ROWS.with(|rows| match rows.try_borrow_mut() {
-        Ok(mut rows) => write_rows(
-            out,
-            &mut rows,
-            matches,
-            registered,
-            block_size,
-            query_blocks,
-        ),
+        Ok(mut rows) => write_rows(out, &mut rows, matches, registered, block_size, query_blocks),
         // Only reachable by re-entering from within this function.
-        Err(_) => write_rows(
-            out,
-            &mut Vec::new(),
-            matches,
-            registered,
-            block_size,
-            query_blocks,
-        ),
+        Err(_) => write_rows(out, &mut Vec::new(), matches, registered, block_size, query_blocks),
     });
 }
 
@@ -101,13 +87,7 @@ fn write_rows(
         });
     }
     for &worker in registered {
-        rows.push(Row {
-            worker,
-            padding: 1,
-            device: 0,
-            host: 0,
-            disk: 0,
-        });
+        rows.push(Row { worker, padding: 1, device: 0, host: 0, disk: 0 });
     }
     rows.sort_unstable_by_key(|r| (r.worker, r.padding));
     rows.dedup_by_key(|r| r.worker);
@@ -137,10 +117,7 @@ fn write_rows(
         out.push(b'}');
     }
     out.extend_from_slice(b"},\"frequencies\":[],\"instances\":{");
-    for (i, group) in rows
-        .chunk_by(|a, b| a.worker.instance_id == b.worker.instance_id)
-        .enumerate()
-    {
+    for (i, group) in rows.chunk_by(|a, b| a.worker.instance_id == b.worker.instance_id).enumerate() {
         if i > 0 {
             out.push(b',');
         }
@@ -188,48 +165,24 @@ mod tests {
     use serde_json::{json, Value};
 
     fn m(instance_id: u64, dp_rank: u32, device: u32, host: u32, disk: u32) -> WorkerMatch {
-        WorkerMatch {
-            worker: WorkerId::new(instance_id, dp_rank),
-            device,
-            host,
-            disk,
-        }
+        WorkerMatch { worker: WorkerId::new(instance_id, dp_rank), device, host, disk }
     }
 
-    fn render(
-        matches: Vec<WorkerMatch>,
-        registered: &[WorkerId],
-        block_size: u32,
-        blocks: usize,
-    ) -> Value {
+    fn render(matches: Vec<WorkerMatch>, registered: &[WorkerId], block_size: u32, blocks: usize) -> Value {
         let mut out = b"prefix".to_vec();
-        write_query_response(
-            &mut out,
-            &Matches { workers: matches },
-            registered,
-            block_size,
-            blocks,
-        );
+        write_query_response(&mut out, &Matches { workers: matches }, registered, block_size, blocks);
         assert!(out.starts_with(b"prefix"), "writers append");
         serde_json::from_slice(&out[6..]).expect("valid JSON")
     }
 
     #[test]
     fn empty_matches() {
-        assert_eq!(
-            render(vec![], &[], 16, 10),
-            json!({"scores": {}, "frequencies": [], "instances": {}})
-        );
+        assert_eq!(render(vec![], &[], 16, 10), json!({"scores": {}, "frequencies": [], "instances": {}}));
     }
 
     #[test]
     fn tiers_ranks_and_instances() {
-        let v = render(
-            vec![m(7, 1, 1, 1, 2), m(9, 0, 0, 2, 3), m(7, 0, 2, 3, 3)],
-            &[],
-            16,
-            4,
-        );
+        let v = render(vec![m(7, 1, 1, 1, 2), m(9, 0, 0, 2, 3), m(7, 0, 2, 3, 3)], &[], 16, 4);
         assert_eq!(
             v,
             json!({
@@ -245,16 +198,7 @@ mod tests {
 
     #[test]
     fn registered_workers_appear_with_zeros_only_when_given() {
-        let v = render(
-            vec![m(1, 0, 2, 2, 2)],
-            &[
-                WorkerId::new(1, 0),
-                WorkerId::new(1, 1),
-                WorkerId::new(3, 0),
-            ],
-            4,
-            2,
-        );
+        let v = render(vec![m(1, 0, 2, 2, 2)], &[WorkerId::new(1, 0), WorkerId::new(1, 1), WorkerId::new(3, 0)], 4, 2);
         assert_eq!(
             v,
             json!({
@@ -271,30 +215,15 @@ mod tests {
     #[test]
     fn output_is_ordered_by_instance_then_rank() {
         let mut out = Vec::new();
-        let ms = Matches {
-            workers: vec![
-                m(20, 3, 1, 1, 1),
-                m(3, 0, 1, 1, 1),
-                m(20, 1, 1, 1, 1),
-                m(100, 0, 1, 1, 1),
-            ],
-        };
+        let ms = Matches { workers: vec![m(20, 3, 1, 1, 1), m(3, 0, 1, 1, 1), m(20, 1, 1, 1, 1), m(100, 0, 1, 1, 1)] };
         write_query_response(&mut out, &ms, &[], 1, 1);
         let text = String::from_utf8(out).unwrap();
-        assert!(
-            text.starts_with(r#"{"scores":{"3":{"0":1},"20":{"1":1,"3":1},"100":{"0":1}}"#),
-            "{text}"
-        );
+        assert!(text.starts_with(r#"{"scores":{"3":{"0":1},"20":{"1":1,"3":1},"100":{"0":1}}"#), "{text}");
     }
 
     #[test]
     fn large_depths_do_not_wrap() {
-        let v = render(
-            vec![m(1, 0, 1 << 20, 1 << 20, 1 << 20)],
-            &[],
-            1 << 16,
-            1 << 20,
-        );
+        let v = render(vec![m(1, 0, 1 << 20, 1 << 20, 1 << 20)], &[], 1 << 16, 1 << 20);
         assert_eq!(v["instances"]["1"]["gpu"], json!(1u64 << 36));
     }
 
@@ -303,15 +232,9 @@ mod tests {
         let mut out = Vec::new();
         write_error(&mut out, "no indexer for model=\"a\\b\" tenant=\n");
         let v: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(
-            v,
-            json!({"error": "no indexer for model=\"a\\b\" tenant=\n"})
-        );
+        assert_eq!(v, json!({"error": "no indexer for model=\"a\\b\" tenant=\n"}));
         out.clear();
         write_status_ok(&mut out);
-        assert_eq!(
-            serde_json::from_slice::<Value>(&out).unwrap(),
-            json!({"status": "ok"})
-        );
+        assert_eq!(serde_json::from_slice::<Value>(&out).unwrap(), json!({"status": "ok"}));
     }
 }

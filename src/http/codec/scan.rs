@@ -46,17 +46,7 @@ pub(super) enum Num {
 }
 
 /// 10^n for n in 0..=8: the scale of an n-digit chunk.
-const POW10: [u64; 9] = [
-    1,
-    10,
-    100,
-    1_000,
-    10_000,
-    100_000,
-    1_000_000,
-    10_000_000,
-    100_000_000,
-];
+const POW10: [u64; 9] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 100_000_000];
 
 /// Number of leading ASCII digits in the 8 bytes of `x` (little-endian, so
 /// the first byte is the lowest).
@@ -113,10 +103,7 @@ impl<'a> Scan<'a> {
     /// key, the cursor on the member's value, which `field` must consume
     /// (with a reader or `skip`). Returns whether the top level was an object;
     /// any other well-formed value is skipped and gives `false`.
-    pub fn top_object(
-        &mut self,
-        mut field: impl FnMut(&mut Self, Cow<'a, str>) -> SResult<()>,
-    ) -> SResult<bool> {
+    pub fn top_object(&mut self, mut field: impl FnMut(&mut Self, Cow<'a, str>) -> SResult<()>) -> SResult<bool> {
         self.ws();
         match self.peek() {
             Some(b'{') => {}
@@ -433,10 +420,7 @@ impl<'a> Scan<'a> {
             if n == 0 {
                 return (v, overflow);
             }
-            match v
-                .checked_mul(POW10[n])
-                .and_then(|m| m.checked_add(chunk_value(x, n)))
-            {
+            match v.checked_mul(POW10[n]).and_then(|m| m.checked_add(chunk_value(x, n))) {
                 Some(m) => v = m,
                 None => overflow = true,
             }
@@ -447,10 +431,7 @@ impl<'a> Scan<'a> {
         }
         // Fewer than 8 bytes left in the body.
         while let Some(c @ b'0'..=b'9') = self.peek() {
-            match v
-                .checked_mul(10)
-                .and_then(|m| m.checked_add(u64::from(c - b'0')))
-            {
+            match v.checked_mul(10).and_then(|m| m.checked_add(u64::from(c - b'0'))) {
                 Some(m) => v = m,
                 None => overflow = true,
             }
@@ -525,10 +506,7 @@ impl<'a> Scan<'a> {
             .and_then(|t| t.parse::<f64>().ok())
             .is_some_and(f64::is_finite);
         if !finite {
-            return Err(Syntax {
-                at: start,
-                what: "number out of range",
-            });
+            return Err(Syntax { at: start, what: "number out of range" });
         }
         Ok(Num::Float)
     }
@@ -546,10 +524,7 @@ impl<'a> Scan<'a> {
                     self.i += 1;
                     return match std::str::from_utf8(raw) {
                         Ok(s) => Ok(Cow::Borrowed(s)),
-                        Err(_) => Err(Syntax {
-                            at: start,
-                            what: "invalid UTF-8 in a string",
-                        }),
+                        Err(_) => Err(Syntax { at: start, what: "invalid UTF-8 in a string" }),
                     };
                 }
                 0x20..=0x7f if c != b'\\' => self.i += 1,
@@ -568,10 +543,7 @@ impl<'a> Scan<'a> {
         }
         match String::from_utf8(decoded) {
             Ok(s) => Ok(Cow::Owned(s)),
-            Err(_) => Err(Syntax {
-                at: start,
-                what: "invalid UTF-8 in a string",
-            }),
+            Err(_) => Err(Syntax { at: start, what: "invalid UTF-8 in a string" }),
         }
     }
 
@@ -614,10 +586,7 @@ impl<'a> Scan<'a> {
     fn flush(&self, from: usize, ascii: bool, out: &mut Option<&mut Vec<u8>>) -> SResult<()> {
         let raw = self.b.get(from..self.i).unwrap_or_default();
         if !ascii && std::str::from_utf8(raw).is_err() {
-            return Err(Syntax {
-                at: from,
-                what: "invalid UTF-8 in a string",
-            });
+            return Err(Syntax { at: from, what: "invalid UTF-8 in a string" });
         }
         if let Some(o) = out {
             o.extend_from_slice(raw);
@@ -711,9 +680,7 @@ mod tests {
 
     #[test]
     fn swar_digit_runs_and_values() {
-        for text in [
-            "1", "12", "123", "1234567", "12345678", "9", "40000000", "00000001",
-        ] {
+        for text in ["1", "12", "123", "1234567", "12345678", "9", "40000000", "00000001"] {
             let mut bytes = text.as_bytes().to_vec();
             bytes.resize(8, b',');
             let x = u64::from_le_bytes(bytes.try_into().unwrap());
@@ -759,10 +726,7 @@ mod tests {
         let mut s = Scan::new("\"caf\u{e9}\"".as_bytes());
         assert!(matches!(s.string(), Ok(Cow::Borrowed("caf\u{e9}"))));
         let mut s = Scan::new(br#""a\"b\\c\/d\b\f\n\r\t\u00e9\ud83e\udd80""#);
-        assert_eq!(
-            s.string().unwrap(),
-            "a\"b\\c/d\u{8}\u{c}\n\r\t\u{e9}\u{1f980}"
-        );
+        assert_eq!(s.string().unwrap(), "a\"b\\c/d\u{8}\u{c}\n\r\t\u{e9}\u{1f980}");
         for bad in [
             &br#""\ud800""#[..],
             br#""\udc00""#,
@@ -775,11 +739,7 @@ mod tests {
             b"\"abc",
         ] {
             let mut s = Scan::new(bad);
-            assert!(
-                s.string().is_err(),
-                "{:?} accepted",
-                String::from_utf8_lossy(bad)
-            );
+            assert!(s.string().is_err(), "{:?} accepted", String::from_utf8_lossy(bad));
         }
     }
 }

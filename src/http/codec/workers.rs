@@ -11,45 +11,23 @@
 //! only happens mid-unregister). Ranks are in ascending order.
 
 use super::out::{push_str, push_u64, push_u64_key};
+use crate::ingest::ListenerStatus;
 
-/// State of one listener (one engine publisher socket).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ListenerStatus {
-    /// Registered, not yet receiving.
-    Pending,
-    Active,
-    Paused,
-    /// Gave up (see `last_error`).
-    Failed,
+/// An instance's status from its listeners': failed > pending > active >
+/// paused (Dynamo's precedence). None if there are no listeners.
+pub fn aggregate_status(statuses: impl IntoIterator<Item = ListenerStatus>) -> Option<ListenerStatus> {
+    let rank = |s: ListenerStatus| match s {
+        ListenerStatus::Paused => 0,
+        ListenerStatus::Active => 1,
+        ListenerStatus::Pending => 2,
+        ListenerStatus::Failed => 3,
+    };
+    statuses.into_iter().max_by_key(|&s| rank(s))
 }
 
-impl ListenerStatus {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ListenerStatus::Pending => "pending",
-            ListenerStatus::Active => "active",
-            ListenerStatus::Paused => "paused",
-            ListenerStatus::Failed => "failed",
-        }
-    }
-
-    /// An instance's status from its listeners': failed > pending > active >
-    /// paused (Dynamo's precedence). None if there are no listeners.
-    pub fn aggregate(statuses: impl IntoIterator<Item = ListenerStatus>) -> Option<ListenerStatus> {
-        let rank = |s: ListenerStatus| match s {
-            ListenerStatus::Paused => 0,
-            ListenerStatus::Active => 1,
-            ListenerStatus::Pending => 2,
-            ListenerStatus::Failed => 3,
-        };
-        statuses.into_iter().max_by_key(|&s| rank(s))
-    }
-}
-
-/// One listener of an instance, as `/workers` shows it.
+/// One listener (one dp rank) of an instance, as `/workers` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ListenerInfo {
+pub struct WorkerListener {
     pub dp_rank: u32,
     pub endpoint: String,
     pub status: ListenerStatus,
@@ -64,7 +42,7 @@ pub struct WorkerInfo {
     pub tenant_id: String,
     pub block_size: u32,
     /// In any order; one per rank.
-    pub listeners: Vec<ListenerInfo>,
+    pub listeners: Vec<WorkerListener>,
 }
 
 /// Writes the `/workers` array, instances in the order given.
@@ -73,7 +51,7 @@ pub fn write_workers(out: &mut Vec<u8>, workers: &[WorkerInfo]) {
     let mut first = true;
     let mut order: Vec<usize> = Vec::new();
     for w in workers {
-        let Some(status) = ListenerStatus::aggregate(w.listeners.iter().map(|l| l.status)) else {
+        let Some(status) = aggregate_status(w.listeners.iter().map(|l| l.status)) else {
             continue;
         };
         if !first {
@@ -145,11 +123,11 @@ pub fn write_peers(out: &mut Vec<u8>, peers: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingest::ListenerStatus::*;
     use serde_json::{json, Value};
-    use ListenerStatus::*;
 
-    fn listener(dp_rank: u32, status: ListenerStatus, last_error: Option<&str>) -> ListenerInfo {
-        ListenerInfo {
+    fn listener(dp_rank: u32, status: ListenerStatus, last_error: Option<&str>) -> WorkerListener {
+        WorkerListener {
             dp_rank,
             endpoint: format!("tcp://127.0.0.1:{}", 5557 + dp_rank),
             status,
@@ -159,17 +137,11 @@ mod tests {
 
     #[test]
     fn aggregate_precedence() {
-        assert_eq!(ListenerStatus::aggregate([]), None);
-        assert_eq!(ListenerStatus::aggregate([Paused, Active]), Some(Active));
-        assert_eq!(
-            ListenerStatus::aggregate([Active, Pending, Paused]),
-            Some(Pending)
-        );
-        assert_eq!(
-            ListenerStatus::aggregate([Pending, Failed, Active]),
-            Some(Failed)
-        );
-        assert_eq!(ListenerStatus::aggregate([Paused]), Some(Paused));
+        assert_eq!(aggregate_status([]), None);
+        assert_eq!(aggregate_status([Paused, Active]), Some(Active));
+        assert_eq!(aggregate_status([Active, Pending, Paused]), Some(Pending));
+        assert_eq!(aggregate_status([Pending, Failed, Active]), Some(Failed));
+        assert_eq!(aggregate_status([Paused]), Some(Paused));
     }
 
     #[test]
@@ -180,10 +152,7 @@ mod tests {
                 model_name: "m".into(),
                 tenant_id: "default".into(),
                 block_size: 16,
-                listeners: vec![
-                    listener(1, Failed, Some("gap \"replay\" failed")),
-                    listener(0, Active, None),
-                ],
+                listeners: vec![listener(1, Failed, Some("gap \"replay\" failed")), listener(0, Active, None)],
             },
             WorkerInfo {
                 instance_id: 2,
@@ -216,13 +185,7 @@ mod tests {
     #[test]
     fn peers_shape() {
         let mut out = Vec::new();
-        write_peers(
-            &mut out,
-            &["http://a:1".to_string(), "http://b:2".to_string()],
-        );
-        assert_eq!(
-            serde_json::from_slice::<Value>(&out).unwrap(),
-            json!(["http://a:1", "http://b:2"])
-        );
+        write_peers(&mut out, &["http://a:1".to_string(), "http://b:2".to_string()]);
+        assert_eq!(serde_json::from_slice::<Value>(&out).unwrap(), json!(["http://a:1", "http://b:2"]));
     }
 }

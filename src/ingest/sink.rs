@@ -1,0 +1,13 @@
+//! Where a shard puts a worker's events. The ingest pipeline knows nothing
+//! of the index behind it: a (model, tenant) index implements this trait and
+//! each listener is given its index's sink when it is added.
+
+use crate::event::{Event, WorkerId};
+
+/// Receives one worker's events, in order, from that worker's shard thread.
+pub trait EventSink: Send + Sync {
+    /// Applies one event. Called only from the shard that owns `event.worker`.
+    fn apply(&self, event: &Event);
+    /// Forgets every block of `worker` and the worker itself.
+    fn remove_worker(&self, worker: WorkerId);
+}
