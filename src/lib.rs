@@ -6,6 +6,7 @@ pub mod log;
 pub mod config;
 pub mod event;
 pub mod hash;
+pub mod http;
 pub mod index;
 pub mod ingest;
 pub mod metrics;

@@ -1,0 +1,3 @@
+//! The HTTP API: routes and JSON shapes.
+
+pub mod codec;
