@@ -155,7 +155,7 @@ pub fn parse_workers(list: &str) -> Result<Vec<WorkerArg>, CliError> {
             None => 0,
         };
         let endpoint = endpoint.trim();
-        check_zmq_endpoint(endpoint).map_err(|why| CliError(format!("--workers: {item:?}: {why}")))?;
+        crate::endpoint::validate_zmq_endpoint(endpoint).map_err(|why| CliError(format!("--workers: {why}")))?;
         let worker = WorkerId::new(instance_id, dp_rank);
         if out.iter().any(|w| w.worker == worker) {
             return Err(CliError(format!("--workers: instance {instance_id} dp_rank {dp_rank} is listed twice")));
@@ -165,46 +165,11 @@ pub fn parse_workers(list: &str) -> Result<Vec<WorkerArg>, CliError> {
     Ok(out)
 }
 
-/// Checks that `endpoint` is a ZMQ address this daemon can connect to:
-/// `tcp://host:port` or `ipc://path`.
-pub fn check_zmq_endpoint(endpoint: &str) -> Result<(), String> {
-    if let Some(path) = endpoint.strip_prefix("ipc://") {
-        return if path.is_empty() || path.len() > 1024 { Err("ipc:// needs a path".into()) } else { Ok(()) };
-    }
-    let Some(rest) = endpoint.strip_prefix("tcp://") else {
-        return Err(format!("{endpoint:?} must start with tcp:// or ipc://"));
-    };
-    let Some((host, port)) = rest.rsplit_once(':') else {
-        return Err(format!("{endpoint:?} needs a port, as in tcp://host:5557"));
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() || host == "*" || host.len() > 255 || host.chars().any(|c| c.is_whitespace() || c == '/') {
-        return Err(format!("{endpoint:?} needs a host to connect to"));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(()),
-        _ => Err(format!("{endpoint:?} has an invalid port")),
-    }
-}
-
-/// Checks that `url` is `http://host:port` (an optional trailing `/`).
-pub fn check_peer_url(url: &str) -> Result<String, String> {
-    let trimmed = url.trim().trim_end_matches('/');
-    let Some(rest) = trimmed.strip_prefix("http://") else {
-        return Err(format!("peer {url:?} must be an http:// URL"));
-    };
-    let (host, port) = rest.rsplit_once(':').ok_or_else(|| format!("peer {url:?} needs a port"))?;
-    if host.is_empty() || host.contains('/') || port.parse::<u16>().map_or(true, |p| p == 0) {
-        return Err(format!("peer {url:?} is not http://host:port"));
-    }
-    Ok(trimmed.to_string())
-}
-
 /// Parses `--peers`.
 pub fn parse_peers(list: &str) -> Result<Vec<String>, CliError> {
     let mut out: Vec<String> = Vec::new();
     for p in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let url = check_peer_url(p).map_err(|e| CliError(format!("--peers: {e}")))?;
+        let url = crate::endpoint::validate_peer_url(p).map_err(|e| CliError(format!("--peers: {e}")))?;
         if !out.contains(&url) {
             out.push(url);
         }
@@ -386,17 +351,5 @@ mod tests {
         }
         assert!(matches!(parse(["--help".into()], |_| None).unwrap(), Command::Help));
         assert!(matches!(parse(["-V".into()], |_| None).unwrap(), Command::Version));
-    }
-
-    #[test]
-    fn zmq_endpoints() {
-        for ok in ["tcp://127.0.0.1:5557", "tcp://host:1", "tcp://[::1]:5557", "ipc:///tmp/x.sock"] {
-            assert!(check_zmq_endpoint(ok).is_ok(), "{ok}");
-        }
-        for bad in
-            ["", "tcp://", "tcp://*:5557", "tcp://h", "tcp://h:0", "tcp://h:x", "udp://h:1", "ipc://", "inproc://x"]
-        {
-            assert!(check_zmq_endpoint(bad).is_err(), "{bad}");
-        }
     }
 }

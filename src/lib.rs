@@ -4,6 +4,8 @@
 #[macro_use]
 pub mod log;
 pub mod config;
+pub mod daemon;
+pub mod endpoint;
 pub mod event;
 pub mod hash;
 pub mod http;
@@ -11,6 +13,7 @@ pub mod index;
 pub mod ingest;
 pub mod metrics;
 pub mod notify;
+pub mod recovery;
 pub mod registry;
 pub mod signals;
 pub mod wire;

@@ -214,9 +214,9 @@ impl Registry {
 
     /// Registers an engine's publisher and starts listening to it.
     pub fn register(&self, args: RegisterArgs) -> Result<(), RegistryError> {
-        crate::config::check_zmq_endpoint(&args.endpoint).map_err(RegistryError::Invalid)?;
+        crate::endpoint::validate_zmq_endpoint(&args.endpoint).map_err(RegistryError::Invalid)?;
         if let Some(r) = &args.replay_endpoint {
-            crate::config::check_zmq_endpoint(r)
+            crate::endpoint::validate_zmq_endpoint(r)
                 .map_err(|e| RegistryError::Invalid(format!("replay_endpoint: {e}")))?;
         }
         if args.block_size == 0 {

@@ -3,6 +3,7 @@
 //! bounded wait. Each test binary uses a different subset.
 #![allow(dead_code)]
 
+pub mod daemon;
 pub mod harness;
 pub mod index_sink;
 pub mod model_sink;

@@ -96,10 +96,11 @@ pub enum TestEvent {
 }
 
 /// What the publisher remembers of a stored block.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct BlockInfo {
     parent: Option<u64>,
     local: u64,
+    tokens: Vec<u32>,
 }
 
 /// Messages kept for `resend`.
@@ -510,7 +511,7 @@ impl TestPublisher {
         let seed = seed_for(None, None);
         let mut parent = parent;
         for (&hash, chunk) in hashes.iter().zip(tokens.chunks_exact(block_size)) {
-            self.blocks.insert(hash, BlockInfo { parent, local: local_hash(chunk, seed) });
+            self.blocks.insert(hash, BlockInfo { parent, local: local_hash(chunk, seed), tokens: chunk.to_vec() });
             parent = Some(hash);
         }
     }
@@ -539,6 +540,20 @@ impl TestPublisher {
             }
         }
         visible
+    }
+
+    /// Token ids of the chain from its root down to `leaf`.
+    pub fn chain_tokens(&self, leaf: u64) -> Vec<u32> {
+        let mut blocks = Vec::new();
+        let mut cursor = Some(leaf);
+        while let Some(h) = cursor {
+            let info = self.blocks.get(&h).expect("unknown block");
+            blocks.push(info.tokens.clone());
+            cursor = info.parent;
+            assert!(blocks.len() <= self.blocks.len(), "cycle in chain");
+        }
+        blocks.reverse();
+        blocks.concat()
     }
 
     /// Local hashes of the chain from its root down to `leaf`.

@@ -7,10 +7,10 @@
 //! for sense here (endpoints, sizes, lengths), so the registry only ever
 //! sees requests it can act on.
 
-use super::endpoint::{validate_peer_url, validate_zmq_endpoint};
 use super::problems::{finish, tenant, Problems};
 use super::scan::Scan;
 use super::{BodyError, CONTROL_BODY_BYTES_MAX};
+use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
 use crate::ingest::BLOCK_SIZE_MAX;
 use std::borrow::Cow;
 
