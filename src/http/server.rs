@@ -46,6 +46,32 @@ pub struct HttpServer {
     pub local_port: Option<u16>,
 }
 
+/// Binds a TCP listener whose accepted connections have Nagle's algorithm
+/// off. tiny_http writes a reply's head and a body over 1 KiB in separate
+/// writes; with Nagle on, the body waits for the client's delayed ACK of the
+/// head (40 ms on Linux) on every keep-alive request. Linux copies
+/// TCP_NODELAY from the listener to the sockets it accepts, and tiny_http
+/// offers no hook on accepted sockets, so it is set here.
+pub fn nodelay_listener(addr: &str) -> std::io::Result<std::net::TcpListener> {
+    use std::os::fd::AsRawFd;
+    let listener = std::net::TcpListener::bind(addr)?;
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket we own, with a c_int option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(listener)
+}
+
 /// Writes `{"error": message}` into `out`.
 pub fn error_body(out: &mut Vec<u8>, message: &str) {
     out.clear();
@@ -68,7 +94,8 @@ impl HttpServer {
         } else {
             format!("{host}:{port}")
         };
-        let tcp = Server::http(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let listener = nodelay_listener(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let tcp = Server::from_listener(listener, None).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let local_port = tcp.server_addr().to_ip().map(|a| a.port());
         let mut servers = vec![Arc::new(tcp)];
         if let Some(path) = unix_socket {
@@ -179,5 +206,19 @@ fn serve(server: &Server, handler: &dyn Handler, metrics: &HttpMetrics, body_lim
         if body.capacity() > 1 << 20 {
             body = Vec::new();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepted_connections_have_nagle_off() {
+        let listener = nodelay_listener("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = std::net::TcpStream::connect(addr).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert!(accepted.nodelay().unwrap(), "the accepted socket must inherit TCP_NODELAY");
     }
 }
