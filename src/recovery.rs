@@ -6,10 +6,17 @@
 //! gate opens and the held events drain, converging the weakly consistent
 //! snapshot. A peer that fails mid-dump is skipped whole: nothing partial is
 //! applied. No peer reachable: start empty, and say so.
+//!
+//! A dump is a set of stored chains, not a log: Dynamo lists its lower-tier
+//! blocks one per event in hash-map order, children before parents. The
+//! index refuses a store whose parent the worker does not hold, so stored
+//! chains are applied parent first (`parent_first`).
 
+use crate::event::{Event, EventKind, WorkerId};
 use crate::http::codec::{parse_dump, DumpEntry};
 use crate::registry::Registry;
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use std::io::Read;
 use std::time::Duration;
 
@@ -48,10 +55,72 @@ pub fn apply_dump(registry: &Registry, entries: &[DumpEntry], out: &mut Recovere
             }
         };
         out.indexes += 1;
-        for ev in &entry.events {
-            let o = handle.apply(ev);
+        for i in parent_first(&entry.events) {
+            let o = handle.apply(&entry.events[i]);
             out.events += 1;
             out.blocks_stored += o.stored as u64;
+        }
+    }
+}
+
+/// The order to apply dump events in: each stored chain after the event
+/// that stores its parent block (of the same worker, in any tier), when the
+/// dump has one. Only runs of consecutive stores are reordered, so a remove
+/// or clear keeps its place. The walk is iterative and visits each event
+/// once; a parent cycle (a malformed dump) is cut where it closes.
+pub fn parent_first(events: &[Event]) -> Vec<usize> {
+    let mut order = Vec::with_capacity(events.len());
+    let mut start = 0;
+    while start < events.len() {
+        let is_store = |e: &Event| matches!(e.kind, EventKind::Stored { .. });
+        let end = start + events[start..].iter().take_while(|e| is_store(e) == is_store(&events[start])).count();
+        if is_store(&events[start]) {
+            stores_parent_first(events, start..end, &mut order);
+        } else {
+            order.extend(start..end);
+        }
+        start = end;
+    }
+    order
+}
+
+fn stores_parent_first(events: &[Event], run: std::ops::Range<usize>, order: &mut Vec<usize>) {
+    // Which event of the run stores each (worker, engine hash).
+    let mut producer: FxHashMap<(WorkerId, u64), usize> = FxHashMap::default();
+    for i in run.clone() {
+        if let EventKind::Stored { blocks, .. } = &events[i].kind {
+            for b in blocks {
+                producer.entry((events[i].worker, b.engine_hash)).or_insert(i);
+            }
+        }
+    }
+    let parent_event = |i: usize| match &events[i].kind {
+        EventKind::Stored { parent: Some(p), .. } => producer.get(&(events[i].worker, *p)).copied(),
+        _ => None,
+    };
+    // 0: not seen, 1: waiting for its parent, 2: placed.
+    let mut state = vec![0u8; run.len()];
+    let mut stack = Vec::new();
+    for first in run.clone() {
+        stack.push(first);
+        while let Some(&i) = stack.last() {
+            let slot = i - run.start;
+            if state[slot] == 2 {
+                stack.pop();
+                continue;
+            }
+            let parent = parent_event(i).filter(|&p| p != i && state[p - run.start] == 0);
+            match (state[slot], parent) {
+                (0, Some(p)) => {
+                    state[slot] = 1;
+                    stack.push(p);
+                }
+                _ => {
+                    state[slot] = 2;
+                    order.push(i);
+                    stack.pop();
+                }
+            }
         }
     }
 }
@@ -110,5 +179,50 @@ impl Peers {
 
     pub fn list(&self) -> Vec<String> {
         self.list.lock().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{StorageTier, StoredBlock};
+    use crate::index::{Index, IndexConfig};
+
+    fn store(worker: WorkerId, tier: StorageTier, parent: Option<u64>, hashes: &[u64]) -> Event {
+        let blocks = hashes.iter().map(|&h| StoredBlock { engine_hash: h, local_hash: h ^ 0xABCD }).collect();
+        Event::stored(worker, tier, parent, blocks)
+    }
+
+    #[test]
+    fn chains_listed_children_first_are_all_applied() {
+        let (w, host) = (WorkerId::new(1, 0), StorageTier::HostPinned);
+        // As Dynamo dumps a lower tier: one block per event, in no order.
+        let events = vec![
+            store(w, StorageTier::Device, Some(10), &[11]),
+            store(w, host, Some(21), &[22]),
+            store(w, host, Some(11), &[20]),
+            store(w, host, Some(20), &[21]),
+            store(w, StorageTier::Device, None, &[10]),
+        ];
+        let order = parent_first(&events);
+        assert_eq!(order, vec![4, 0, 2, 3, 1]);
+        let index = Index::new(IndexConfig::new(16));
+        let stored: u32 = order.iter().map(|&i| index.apply(&events[i]).stored).sum();
+        assert_eq!(stored, 5, "every block of the dump must be applied");
+    }
+
+    #[test]
+    fn removes_and_clears_keep_their_place_and_cycles_end() {
+        let w = WorkerId::new(1, 0);
+        let d = StorageTier::Device;
+        let events = vec![
+            store(w, d, Some(2), &[1]),
+            store(w, d, Some(1), &[2]),
+            Event::removed(w, d, vec![1]),
+            store(w, d, Some(3), &[4]),
+            store(w, d, None, &[3]),
+        ];
+        let order = parent_first(&events);
+        assert_eq!(order, vec![1, 0, 2, 4, 3]);
     }
 }
