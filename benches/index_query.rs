@@ -21,7 +21,7 @@ const QUERY_BLOCKS: usize = 128;
 const PAIRS_PER_WORKER: usize = 16_000;
 
 fn build(jump: usize, rng: &mut Rng, query: &[u64]) -> (Index, f64, u64) {
-    let ix = Index::new(IndexConfig { block_size: 16, jump, depth_max: 0 });
+    let ix = Index::new(IndexConfig { jump, ..IndexConfig::new(16) });
     let mut events = Vec::new();
     for w in 0..WORKERS {
         let worker = WorkerId::new(w, 0);

@@ -16,6 +16,7 @@
 //! An entry with no holder is freed at once, unless it still has children
 //! (it is their structural parent); it is freed when its last child goes.
 
+use super::budget::Budget;
 use super::chain;
 use super::level::Levels;
 use super::records::Records;
@@ -48,6 +49,8 @@ pub(crate) struct Shared {
     /// Live (block, worker) pairs per tier; queries skip empty lower tiers.
     pub tier_pairs: [AtomicU64; 4],
     pub depth_max: usize,
+    /// Pairs and entries every index of the daemon may hold (see `budget`).
+    pub budget: Arc<Budget>,
 }
 
 #[derive(Default)]
@@ -67,6 +70,14 @@ struct Key {
     level: u32,
     chain: u64,
     group: u16,
+}
+
+/// Why no entry could be made for a stored block.
+enum NoEntry {
+    /// The shared budget's cap is reached: shed, for now.
+    Budget,
+    /// The index's entry ids are exhausted.
+    Full,
 }
 
 #[inline]
@@ -165,12 +176,15 @@ impl Writer {
     }
 
     /// The entry at `key`, created (with `local` and `parent`) if absent.
-    fn entry_at(&mut self, shared: &Shared, key: Key, local: u64, parent: u32) -> Option<u32> {
+    fn entry_at(&mut self, shared: &Shared, key: Key, local: u64, parent: u32) -> Result<u32, NoEntry> {
         let Key { tier, level, chain, group } = key;
         let guard = epoch::pin();
         let table = shared.levels[tier].get_or_create(level as usize);
         if let Some(s) = table.slot(chain, group as u32, &guard) {
-            return Some(s.id());
+            return Ok(s.id());
+        }
+        if !shared.budget.take_entry() {
+            return Err(NoEntry::Budget);
         }
         let entry = Entry {
             chain,
@@ -184,7 +198,10 @@ impl Writer {
             group,
             tier: tier as u8,
         };
-        let id = self.slab.alloc(entry)?;
+        let Some(id) = self.slab.alloc(entry) else {
+            shared.budget.release_entries(1);
+            return Err(NoEntry::Full);
+        };
         table.insert(chain, group as u32, id, &guard);
         if parent != NIL {
             let head = self.slab.get(parent).first_child;
@@ -194,7 +211,7 @@ impl Writer {
             self.slab.get_mut(id).next_sibling = head;
             self.slab.get_mut(parent).first_child = id;
         }
-        Some(id)
+        Ok(id)
     }
 
     /// Frees `id` and then its ancestors while they have no holder and no child.
@@ -217,6 +234,7 @@ impl Writer {
                 self.slab.get_mut(e.next_sibling).prev_sibling = e.prev_sibling;
             }
             self.slab.free(id);
+            shared.budget.release_entries(1);
             id = e.parent;
         }
     }
@@ -309,9 +327,30 @@ impl Writer {
                     continue;
                 }
             }
-            let Some(id) = self.entry_at(shared, Key { tier, level, chain, group }, b.local_hash, parent_id) else {
-                out.rejected += (blocks.len() - k) as u32;
-                return;
+            // Room for the new pair first (an alias gives it back below), so
+            // at the cap nothing is allocated for a block that is refused.
+            let entry = if shared.budget.take_pair() {
+                self.entry_at(shared, Key { tier, level, chain, group }, b.local_hash, parent_id).inspect_err(|_| {
+                    shared.budget.release_pairs(1);
+                })
+            } else {
+                Err(NoEntry::Budget)
+            };
+            let id = match entry {
+                Ok(id) => id,
+                Err(why) => {
+                    if previous.is_some() {
+                        // The engine reused the hash for content we cannot
+                        // place: the old block is gone all the same.
+                        self.remove_pair(shared, slot, tier, b.engine_hash);
+                    }
+                    let rest = (blocks.len() - k) as u32;
+                    match why {
+                        NoEntry::Budget => out.shed += rest,
+                        NoEntry::Full => out.rejected += rest,
+                    }
+                    return;
+                }
             };
             // Same block under a second engine hash of this worker: an alias.
             let alias = self.slab.get(id).held & bit != 0;
@@ -324,6 +363,7 @@ impl Writer {
             }
             self.state(slot).records[tier].insert(b.engine_hash, id);
             if alias {
+                shared.budget.release_pairs(1);
                 self.state(slot).aliases += 1;
                 out.duplicate += 1;
                 parent_id = id;
@@ -363,6 +403,7 @@ impl Writer {
             return true;
         }
         self.pairs -= 1;
+        shared.budget.release_pairs(1);
         shared.tier_pairs[tier].fetch_sub(1, Ordering::Relaxed);
         if tier == DEVICE {
             if self.visible(shared, id, bit) {
@@ -428,6 +469,7 @@ impl Writer {
             dropped += records.len() as u64;
         }
         self.pairs -= dropped;
+        shared.budget.release_pairs(dropped);
         let st = self.state(slot);
         st.detached = 0;
         st.aliases = 0;
