@@ -187,6 +187,9 @@ pub fn parse_peers(list: &str) -> Result<Vec<String>, CliError> {
         if !out.contains(&url) {
             out.push(url);
         }
+        if out.len() > crate::recovery::PEERS_MAX {
+            return Err(CliError(format!("--peers: at most {} peers", crate::recovery::PEERS_MAX)));
+        }
     }
     Ok(out)
 }

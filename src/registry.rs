@@ -20,6 +20,11 @@ use std::time::Instant;
 /// Tenant used when a request names none.
 pub const TENANT_DEFAULT: &str = "default";
 
+/// Most (model, tenant) indexes a daemon keeps; an index stays after its
+/// last worker is unregistered (queries keep answering), so this bounds
+/// what churn of model names can leave behind.
+pub const INDEXES_MAX: usize = 1_024;
+
 /// Least time between two log lines about shed blocks.
 pub const SHED_LOG_INTERVAL_MS: u64 = 10_000;
 
@@ -200,6 +205,8 @@ pub struct Registry {
     /// Pairs and entries all indexes may hold together (`--max-pairs`).
     pub budget: Arc<Budget>,
     shed_log: Arc<ShedLog>,
+    /// Held while an index may be created.
+    creating: Mutex<()>,
 }
 
 impl Registry {
@@ -213,6 +220,7 @@ impl Registry {
             counters: Default::default(),
             budget,
             shed_log: Arc::new(ShedLog::new()),
+            creating: Mutex::new(()),
         }
     }
 
@@ -244,6 +252,15 @@ impl Registry {
             return Err(RegistryError::Invalid("block_size must be at least 1".into()));
         }
         let key = (model_name.to_string(), tenant_id.to_string());
+        // Creations are serialized so the count check holds; lookups of
+        // existing indexes (queries) never take this lock.
+        let _creating = self.creating.lock();
+        if self.indexes.len() >= INDEXES_MAX && !self.indexes.contains_key(&key) {
+            return Err(RegistryError::Conflict(format!(
+                "{INDEXES_MAX} (model, tenant) indexes exist already; no index for model={model_name:?} \
+                 tenant={tenant_id:?} is created"
+            )));
+        }
         let handle = self
             .indexes
             .entry(key)

@@ -9,7 +9,7 @@ use super::server::{error_body, Handler, Incoming, Reply, Scratch};
 use crate::hash::{local_hashes_into, seed_for};
 use crate::ingest::ListenerStatus;
 use crate::metrics::{HttpMetrics, Prom};
-use crate::recovery::Peers;
+use crate::recovery::{PeerAdded, Peers, PEERS_MAX};
 use crate::registry::{RegisterArgs, Registry, RegistryError, TENANT_DEFAULT};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -230,8 +230,13 @@ impl Api {
             Err(e) => return body_error(&mut s.out, e),
         };
         if add {
-            if self.peers.add(url.clone()) {
-                crate::info!("peer {url} registered");
+            match self.peers.add(url.clone()) {
+                PeerAdded::Added => crate::info!("peer {url} registered"),
+                PeerAdded::AlreadyKnown => {}
+                PeerAdded::Full => {
+                    let m = format!("{PEERS_MAX} peers are registered already; deregister one first");
+                    return fail(&mut s.out, 409, &m);
+                }
             }
             ok_status(&mut s.out);
             Reply::json(201)
