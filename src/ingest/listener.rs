@@ -42,6 +42,9 @@ pub(crate) struct NewListener {
     pub shared: Arc<ListenerShared>,
     /// Watermark kept from an earlier registration of the same key.
     pub last_seq: Option<u64>,
+    /// Other dp ranks the earlier stream of the key wrote to (a snapshot's):
+    /// a restart must clear them too.
+    pub ranks_written: Vec<u32>,
 }
 
 /// Requests from the API to a listener thread.
@@ -154,7 +157,9 @@ fn handle_control(t: &ThreadCtx, listeners: &mut Vec<Listener>, msg: Control) {
     match msg {
         Control::Add(spec) => {
             let seq = Sequencer::new(spec.last_seq, t.cfg.restart_seq_drop_min);
-            let ranks = vec![spec.worker.dp_rank];
+            let mut ranks = vec![spec.worker.dp_rank];
+            // Deduplicated and bounded by `seed_watermark`.
+            ranks.extend(spec.ranks_written.iter().copied().filter(|&r| r != spec.worker.dp_rank));
             listeners.push(Listener {
                 spec: *spec,
                 seq,
