@@ -142,7 +142,8 @@ impl SnapshotError {
 
 impl std::error::Error for SnapshotError {}
 
-/// Encodes a snapshot as a complete file image.
+/// Encodes a snapshot as a complete file image. Strings longer than
+/// `STRING_BYTES_MAX` are cut (`capture` leaves such entries out).
 pub fn encode(s: &Snapshot) -> Vec<u8> {
     let body = encode_body(s);
     let mut out = Vec::with_capacity(HEADER_BYTES_MAX + body.len());
@@ -427,6 +428,8 @@ const REGISTRATION_BYTES_MIN: usize = 8 + 4 + 4 + 4 + 1 + 4 + 4 + 1;
 const INDEX_BYTES_MIN: usize = 4 + 4 + 4 + 4 + 8;
 /// Smallest encoded event: tag and worker.
 const EVENT_BYTES_MIN: usize = 1 + 4;
+/// Most events in one index: as many as the largest body can hold.
+const EVENTS_PER_INDEX_MAX: usize = (BODY_BYTES_MAX / EVENT_BYTES_MIN as u64) as usize;
 
 fn decode_body(r: &mut Reader<'_>) -> Res<(Vec<SavedRegistration>, Vec<SavedIndex>)> {
     let n = r.u32()? as u64;
@@ -479,7 +482,7 @@ fn decode_index(r: &mut Reader<'_>) -> Res<SavedIndex> {
         workers.push(WorkerId::new(r.u64()?, r.u32()?));
     }
     let n = r.u64()?;
-    let n = r.count(n, usize::MAX, EVENT_BYTES_MIN, "events")?;
+    let n = r.count(n, EVENTS_PER_INDEX_MAX, EVENT_BYTES_MIN, "events")?;
     let mut events = Vec::with_capacity(n);
     for _ in 0..n {
         events.push(decode_event(r, &workers)?);
