@@ -254,7 +254,8 @@ impl Ingest {
         let (sub, monitor) = self.open_sub(id, &spec.endpoint)?;
         let last_seq = reg.watermarks.get(&spec.worker).copied();
         let ranks_written = reg.seeded_ranks.get(&spec.worker).cloned().unwrap_or_default();
-        let shared = Arc::new(ListenerShared::new(last_seq));
+        let label = format!("instance {} dp_rank {} ({})", spec.worker.instance_id, spec.worker.dp_rank, spec.endpoint);
+        let shared = Arc::new(ListenerShared::new(label, last_seq));
         let thread = (0..reg.thread_load.len()).min_by_key(|&i| reg.thread_load[i]).unwrap_or(0);
         let new = NewListener {
             id,
