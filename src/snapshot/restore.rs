@@ -28,7 +28,8 @@
 //! converges the same way (stores and removes are idempotent).
 
 use super::{SavedIndex, SavedRegistration, Snapshot};
-use crate::event::{EventKind, WorkerId};
+use crate::event::WorkerId;
+use crate::ingest::EventSink;
 use crate::registry::{RegisterArgs, Registry};
 use rustc_hash::FxHashSet;
 
@@ -197,12 +198,9 @@ pub fn restore(registry: &Registry, plan: Plan) -> Result<Restored, String> {
             }
         };
         out.indexes += 1;
-        for ev in &ix.events {
-            handle.apply(ev);
-            if let EventKind::Stored { blocks, .. } = &ev.kind {
-                out.pairs += blocks.len() as u64;
-            }
-        }
+        // One writer lock for the whole index: nothing else writes yet.
+        EventSink::apply_all(&*handle, &ix.events);
+        out.pairs += ix.pairs();
     }
     for (worker, last, extra) in &plan.watermarks {
         match registry.ingest().seed_watermark(*worker, *last, extra) {
