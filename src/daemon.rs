@@ -134,12 +134,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
     crate::info!("stopping on signal {signal}");
     crate::notify::notify("STOPPING=1");
     http.stop();
-    if let Some(p) = periodic {
-        p.stop();
-    }
-    if let Some(dir) = &snapshot_dir {
-        // While ingest still runs: engines' batches keep landing, and the
-        // watermarks-first capture keeps the file consistent.
+    // At most one snapshot write on stop (see `snapshot::Periodic::stop`),
+    // while ingest still runs: the watermarks-first capture stays consistent.
+    let just_written = periodic.is_some_and(Periodic::stop);
+    if let Some(dir) = snapshot_dir.as_ref().filter(|_| !just_written) {
         if let Some(s) = dir.save_logged(&registry, "stop") {
             crate::info!("snapshot written on stop: {} bytes, {} pairs", s.bytes, s.pairs);
         }
