@@ -8,7 +8,8 @@
 //! (`--workers`, then the snapshot's registrations; they hold what engines
 //! send), the HTTP API answers (`/health` says why it is not ready yet),
 //! with peers the slow-joiner window passes and a peer's dump is applied
-//! (replacing the snapshot's blocks), the gate opens and held events drain.
+//! (replacing the snapshot's blocks of the workers it names), the gate
+//! opens and held events drain.
 //! READY=1 goes to systemd once recovery is done and enough workers are
 //! registered. On stop: the API closes, a last snapshot is written while
 //! ingest still runs, then ingest stops.
