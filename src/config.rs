@@ -55,6 +55,10 @@ pub struct Config {
     pub max_pairs: u64,
     /// Bearer token the mutating endpoints require, if set.
     pub admin_token: Option<crate::http::auth::AdminToken>,
+    /// Where snapshots are written and read at startup; None: no snapshots.
+    pub snapshot_dir: Option<PathBuf>,
+    /// Seconds between periodic snapshots; 0: only on stop.
+    pub snapshot_interval_s: u64,
 }
 
 impl Default for Config {
@@ -81,6 +85,8 @@ impl Default for Config {
             pin_threads: true,
             max_pairs: MAX_PAIRS_DEFAULT,
             admin_token: None,
+            snapshot_dir: None,
+            snapshot_interval_s: 60,
         }
     }
 }
@@ -137,6 +143,8 @@ OPTIONS:
   --admin-token TOKEN      require \"Authorization: Bearer TOKEN\" on /register, /unregister,
                            /register_peer, /deregister_peer (env KV_INDEXER_ADMIN_TOKEN,
                            which keeps it out of the process list)
+  --snapshot-dir DIR       write snapshots to DIR/snapshot.bin and restart warm from it
+  --snapshot-interval-s N  seconds between snapshots (default 60; 0: only on stop)
   --no-pin                 do not pin listener and shard threads to cores
   --log-level LEVEL        error, warn, info or debug (default info; env KV_INDEXER_LOG)
   -h, --help               this text
@@ -258,6 +266,8 @@ where
             "--log-level",
             "--max-pairs",
             "--admin-token",
+            "--snapshot-dir",
+            "--snapshot-interval-s",
         ];
         if !known.contains(&flag.as_str()) {
             return Err(CliError(format!("unknown option {flag}; see --help")));
@@ -296,6 +306,13 @@ where
                 cfg.log_level =
                     crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("--log-level: unknown level {v:?}")))?
             }
+            "--snapshot-dir" => {
+                if v.trim().is_empty() {
+                    return Err(CliError("--snapshot-dir: empty path".into()));
+                }
+                cfg.snapshot_dir = Some(PathBuf::from(v))
+            }
+            "--snapshot-interval-s" => cfg.snapshot_interval_s = parse_num(&flag, &v, 0, 86_400)?,
             _ => unreachable!("checked against the known list"),
         }
     }
@@ -352,6 +369,15 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_flags_parse() {
+        let c = run(&[]).unwrap();
+        assert_eq!((c.snapshot_dir, c.snapshot_interval_s), (None, 60));
+        let c = run(&["--snapshot-dir", "/var/lib/kv-indexer", "--snapshot-interval-s", "0"]).unwrap();
+        assert_eq!(c.snapshot_dir, Some(PathBuf::from("/var/lib/kv-indexer")));
+        assert_eq!(c.snapshot_interval_s, 0);
+    }
+
+    #[test]
     fn bad_values_are_one_clear_error() {
         for args in [
             &["--port", "x"][..],
@@ -364,6 +390,8 @@ mod tests {
             &["--bogus"],
             &["stray"],
             &["--port"],
+            &["--snapshot-dir", ""],
+            &["--snapshot-interval-s", "-1"],
         ] {
             let e = run(args).unwrap_err();
             assert!(!e.0.contains('\n') && !e.0.is_empty(), "{args:?}: {e}");

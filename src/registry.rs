@@ -147,6 +147,17 @@ impl EventSink for IndexHandle {
         IndexHandle::apply(self, event);
     }
 
+    fn apply_all(&self, events: &[Event]) {
+        let mut shed = 0u32;
+        self.index.apply_all(events, |e, o| {
+            self.counters.add(&e.kind, o);
+            shed = shed.saturating_add(o.shed);
+        });
+        if shed > 0 {
+            self.shed_log.note(shed, &self.budget);
+        }
+    }
+
     fn remove_worker(&self, worker: WorkerId) {
         self.index.remove_worker(worker);
     }
