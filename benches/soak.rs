@@ -201,7 +201,7 @@ fn main() {
             rss,
         };
         println!(
-            "[{:>4} s] errors {} | {:>7.0} q/s  p50 {:>5} us  p99 {:>6} us | rss {:>7.1} MiB | pairs {:>8} entries {:>8} shed {} | batches {} applied {}",
+            "[{:>4} s] errors {} | {:>7.0} q/s  p50 {:>5} us  p99 {:>6} us | rss {:>7.1} MiB | pairs {:>8} entries {:>8} index {:.1} MiB shed {} | batches {} applied {}",
             started.elapsed().as_secs(),
             errors_total,
             win.qps,
@@ -210,6 +210,7 @@ fn main() {
             mib(rss),
             metric(&text, "kv_indexer_pairs").unwrap_or(-1.0),
             metric(&text, "kv_indexer_entries").unwrap_or(-1.0),
+            mib(metric(&text, "kv_indexer_index_bytes").unwrap_or(0.0) as u64),
             sample(&text, "kv_indexer_blocks_total{outcome=\"shed\"}").unwrap_or(0.0),
             pub_total,
             metric(&text, "kv_indexer_batches_applied_total").unwrap_or(-1.0),
