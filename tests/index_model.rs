@@ -177,7 +177,7 @@ fn random_query(rng: &mut Rng) -> Vec<u64> {
 fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
     let mut rng = Rng(seed);
     let workers: Vec<WorkerId> = (0..worker_count).map(|i| WorkerId::new(i / 3, (i % 3) as u32)).collect();
-    let ix = Index::new(IndexConfig { block_size: 4, jump, depth_max: 0 });
+    let ix = Index::new(IndexConfig { jump, ..IndexConfig::new(4) });
     let mut model = Model::default();
     let mut next_hash = 0u64;
     for step in 0..steps {
@@ -187,19 +187,28 @@ fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
             assert_eq!(ix.remove_worker(w), known, "step {step}: remove_worker {w}");
         } else {
             let e = random_event(&mut rng, &model, &workers, &mut next_hash);
+            if std::env::var_os("KV_INDEXER_MODEL_TRACE").is_some() {
+                eprintln!("step {step}: {e:?}");
+            }
             ix.apply(&e);
             model.apply(&e);
         }
         for _ in 0..3 {
             let q = random_query(&mut rng);
-            assert_eq!(sorted(ix.find_matches(&q).workers), model.find(&q), "seed {seed} step {step}: query {q:?}");
+            let (got, want) = (sorted(ix.find_matches(&q).workers), model.find(&q));
+            let diff: Vec<_> =
+                got.iter().filter(|m| !want.contains(m)).chain(want.iter().filter(|m| !got.contains(m))).collect();
+            assert!(
+                diff.is_empty(),
+                "seed {seed} step {step}: query {q:?}: differing (index's, then model's) {diff:?}"
+            );
         }
         if step % 500 == 0 {
             assert_eq!(ix.stats().pairs, model.pairs(), "seed {seed} step {step}: pairs");
             assert_eq!(ix.stats().entries, ix.table_keys(), "every entry has exactly one slot");
         }
         if step % 2000 == 1999 {
-            let copy = Index::new(IndexConfig { block_size: 4, jump: 3, depth_max: 0 });
+            let copy = Index::new(IndexConfig { jump: 3, ..IndexConfig::new(4) });
             for e in ix.dump_events() {
                 assert_eq!(copy.apply(&e).unknown_parent, 0, "dump applies cleanly");
             }

@@ -16,6 +16,7 @@
 //! An entry with no holder is freed at once, unless it still has children
 //! (it is their structural parent); it is freed when its last child goes.
 
+use super::budget::Budget;
 use super::chain;
 use super::level::Levels;
 use super::records::Records;
@@ -37,8 +38,9 @@ pub(crate) struct WorkerState {
     pub records: [Records; 4],
     /// Device blocks the worker holds but does not reach.
     pub detached: u64,
-    /// Records whose block the worker already held under another engine hash.
-    pub aliases: u64,
+    /// Per entry the worker holds under more than one engine hash (rare:
+    /// engines name one content with one hash), how many extra hashes.
+    pub aliases: FxHashMap<u32, u32>,
 }
 
 /// Everything shared between the writer and readers.
@@ -48,6 +50,8 @@ pub(crate) struct Shared {
     /// Live (block, worker) pairs per tier; queries skip empty lower tiers.
     pub tier_pairs: [AtomicU64; 4],
     pub depth_max: usize,
+    /// Pairs and entries every index of the daemon may hold (see `budget`).
+    pub budget: Arc<Budget>,
 }
 
 #[derive(Default)]
@@ -67,6 +71,14 @@ struct Key {
     level: u32,
     chain: u64,
     group: u16,
+}
+
+/// Why no entry could be made for a stored block.
+enum NoEntry {
+    /// The shared budget's cap is reached: shed, for now.
+    Budget,
+    /// The index's entry ids are exhausted.
+    Full,
 }
 
 #[inline]
@@ -110,7 +122,7 @@ impl Writer {
             None => return None,
         };
         self.workers[slot as usize] =
-            Some(WorkerState { id: worker, records: Default::default(), detached: 0, aliases: 0 });
+            Some(WorkerState { id: worker, records: Default::default(), detached: 0, aliases: FxHashMap::default() });
         self.slot_of.insert(worker, slot);
         self.publish(shared);
         Some(slot)
@@ -164,13 +176,24 @@ impl Writer {
         (0..4).filter(|&t| t != tier).find_map(|t| st.records[t].get(engine_hash))
     }
 
-    /// The entry at `key`, created (with `local` and `parent`) if absent.
-    fn entry_at(&mut self, shared: &Shared, key: Key, local: u64, parent: u32) -> Option<u32> {
+    /// The entry at `key`, created (with `local`, `parent` and visible
+    /// `bits`) if absent; the flag says whether it was created.
+    fn entry_at(
+        &mut self,
+        shared: &Shared,
+        key: Key,
+        local: u64,
+        parent: u32,
+        bits: u64,
+    ) -> Result<(u32, bool), NoEntry> {
         let Key { tier, level, chain, group } = key;
         let guard = epoch::pin();
         let table = shared.levels[tier].get_or_create(level as usize);
         if let Some(s) = table.slot(chain, group as u32, &guard) {
-            return Some(s.id());
+            return Ok((s.id(), false));
+        }
+        if !shared.budget.take_entry() {
+            return Err(NoEntry::Budget);
         }
         let entry = Entry {
             chain,
@@ -184,8 +207,11 @@ impl Writer {
             group,
             tier: tier as u8,
         };
-        let id = self.slab.alloc(entry)?;
-        table.insert(chain, group as u32, id, &guard);
+        let Some(id) = self.slab.alloc(entry) else {
+            shared.budget.release_entries(1);
+            return Err(NoEntry::Full);
+        };
+        table.insert(chain, group as u32, id, bits, &guard);
         if parent != NIL {
             let head = self.slab.get(parent).first_child;
             if head != NIL {
@@ -194,7 +220,7 @@ impl Writer {
             self.slab.get_mut(id).next_sibling = head;
             self.slab.get_mut(parent).first_child = id;
         }
-        Some(id)
+        Ok((id, true))
     }
 
     /// Frees `id` and then its ancestors while they have no holder and no child.
@@ -217,6 +243,7 @@ impl Writer {
                 self.slab.get_mut(e.next_sibling).prev_sibling = e.prev_sibling;
             }
             self.slab.free(id);
+            shared.budget.release_entries(1);
             id = e.parent;
         }
     }
@@ -287,10 +314,14 @@ impl Writer {
                 }
             },
         };
+        // Whether the worker reaches the parent; after the first block it is
+        // known from the block before, with no probe.
+        let mut parent_reached = tier != DEVICE || self.parent_reached(shared, parent_id, bit);
+        let mut added = 0u64;
         for (k, b) in blocks.iter().enumerate() {
             if level as usize >= shared.depth_max {
                 out.depth_exceeded += (blocks.len() - k) as u32;
-                return;
+                break;
             }
             let chain = parent_chain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash));
             let previous = self.state(slot).records[tier].get(b.engine_hash);
@@ -298,10 +329,13 @@ impl Writer {
                 let e = self.slab.get(old);
                 if e.chain == chain && e.level == level {
                     out.duplicate += 1;
-                    if tier == DEVICE && !self.visible(shared, old, bit) && self.parent_reached(shared, parent_id, bit)
-                    {
-                        self.state(slot).detached -= 1;
-                        self.attach(shared, slot, old, bit);
+                    if tier == DEVICE {
+                        let reached = self.visible(shared, old, bit);
+                        if !reached && parent_reached {
+                            self.state(slot).detached -= 1;
+                            self.attach(shared, slot, old, bit);
+                        }
+                        parent_reached = reached || parent_reached;
                     }
                     parent_id = old;
                     parent_chain = Some(chain);
@@ -309,41 +343,114 @@ impl Writer {
                     continue;
                 }
             }
-            let Some(id) = self.entry_at(shared, Key { tier, level, chain, group }, b.local_hash, parent_id) else {
-                out.rejected += (blocks.len() - k) as u32;
-                return;
+            // A new entry starts with the worker's bit when the worker can see it.
+            // The engine reused a hash for other content (rare): the old block
+            // goes, which may detach this block's ancestors, so visibility is
+            // decided after that removal.
+            let reuse = previous.is_some();
+            let mut visible_now = tier != DEVICE || parent_reached;
+            let key = Key { tier, level, chain, group };
+            let bits = if visible_now && !reuse { bit } else { 0 };
+            // Room for the new pair first (an alias gives it back below), so
+            // at the cap nothing is allocated for a block that is refused.
+            let entry = if shared.budget.take_pair() {
+                self.entry_at(shared, key, b.local_hash, parent_id, bits).inspect_err(|_| {
+                    shared.budget.release_pairs(1);
+                })
+            } else {
+                Err(NoEntry::Budget)
+            };
+            let (id, created) = match entry {
+                Ok(found) => found,
+                Err(why) => {
+                    if reuse {
+                        // The engine reused the hash for content we cannot
+                        // place: the old block is gone all the same.
+                        self.remove_pair(shared, slot, tier, b.engine_hash);
+                    }
+                    let rest = (blocks.len() - k) as u32;
+                    match why {
+                        NoEntry::Budget => out.shed += rest,
+                        NoEntry::Full => out.rejected += rest,
+                    }
+                    break;
+                }
             };
             // Same block under a second engine hash of this worker: an alias.
-            let alias = self.slab.get(id).held & bit != 0;
+            let alias = !created && self.slab.get(id).held & bit != 0;
             // Holding the new entry first pins it (and its parent) against the
             // reclaim below, which may free the old block and its ancestors.
             self.slab.get_mut(id).held |= bit;
-            if previous.is_some() {
-                // The engine reused a hash for other content: the old block is gone.
+            if reuse {
                 self.remove_pair(shared, slot, tier, b.engine_hash);
+                visible_now = tier != DEVICE || self.parent_reached(shared, parent_id, bit);
             }
             self.state(slot).records[tier].insert(b.engine_hash, id);
             if alias {
-                self.state(slot).aliases += 1;
+                shared.budget.release_pairs(1);
+                *self.state(slot).aliases.entry(id).or_insert(0) += 1;
                 out.duplicate += 1;
+                if tier == DEVICE {
+                    parent_reached = self.visible(shared, id, bit);
+                }
                 parent_id = id;
                 parent_chain = Some(chain);
                 level += 1;
                 continue;
             }
             self.pairs += 1;
-            shared.tier_pairs[tier].fetch_add(1, Ordering::Relaxed);
-            if tier != DEVICE {
-                self.set_visible(shared, id, bit, true);
-            } else if self.parent_reached(shared, parent_id, bit) {
-                self.attach(shared, slot, id, bit);
-            } else {
+            added += 1;
+            if !visible_now {
                 self.state(slot).detached += 1;
+            } else if !created || reuse {
+                // A new entry got the bit at insertion and has no children yet;
+                // an existing one needs the bit, and on the device tier may
+                // have held-but-detached children to reattach.
+                self.attach_or_set(shared, slot, id, bit, tier == DEVICE);
+            }
+            if tier == DEVICE {
+                parent_reached = visible_now;
             }
             out.stored += 1;
             parent_id = id;
             parent_chain = Some(chain);
             level += 1;
+        }
+        shared.tier_pairs[tier].fetch_add(added, Ordering::Relaxed);
+        #[cfg(debug_assertions)]
+        self.check_reach(shared, slot);
+    }
+
+    /// Debug builds: a device block is visible to the worker exactly when it
+    /// holds it and its parent is visible (or it sits at position 0).
+    #[cfg(debug_assertions)]
+    pub(crate) fn check_reach(&self, shared: &Shared, slot: u32) {
+        let (_, bit) = split(slot);
+        let Some(st) = self.workers[slot as usize].as_ref() else { return };
+        // Bounded so debug runs of big workloads stay usable.
+        if st.records[DEVICE].iter().count() > 4096 {
+            return;
+        }
+        for (h, id) in st.records[DEVICE].iter() {
+            let e = self.slab.get(id);
+            let parent_ok =
+                e.parent == NIL || (self.slab.get(e.parent).held & bit != 0 && self.visible(shared, e.parent, bit));
+            assert_eq!(
+                self.visible(shared, id, bit),
+                parent_ok && e.held & bit != 0,
+                "reach of block {h} at level {}",
+                e.level
+            );
+        }
+    }
+
+    /// Sets the worker's visible bit on `id`; on the device tier also
+    /// reattaches held-but-detached descendants.
+    fn attach_or_set(&mut self, shared: &Shared, slot: u32, id: u32, bit: u64, device: bool) {
+        if device {
+            self.attach(shared, slot, id, bit);
+        } else {
+            self.set_visible(shared, id, bit, true);
         }
     }
 
@@ -358,11 +465,16 @@ impl Writer {
         };
         let (_, bit) = split(slot);
         let st = self.state(slot);
-        if st.aliases > 0 && st.records[tier].iter().any(|(_, other)| other == id) {
-            st.aliases -= 1;
+        if let Some(extra) = st.aliases.get_mut(&id) {
+            // Another engine hash of this worker still names the block.
+            *extra -= 1;
+            if *extra == 0 {
+                st.aliases.remove(&id);
+            }
             return true;
         }
         self.pairs -= 1;
+        shared.budget.release_pairs(1);
         shared.tier_pairs[tier].fetch_sub(1, Ordering::Relaxed);
         if tier == DEVICE {
             if self.visible(shared, id, bit) {
@@ -409,7 +521,7 @@ impl Writer {
         let mut dropped = 0;
         for tier in 0..4 {
             let mut records = self.state(slot).records[tier].take();
-            if self.state(slot).aliases > 0 {
+            if !self.state(slot).aliases.is_empty() {
                 records.sort_unstable_by_key(|&(_, id)| id);
                 records.dedup_by_key(|&mut (_, id)| id);
             }
@@ -428,9 +540,10 @@ impl Writer {
             dropped += records.len() as u64;
         }
         self.pairs -= dropped;
+        shared.budget.release_pairs(dropped);
         let st = self.state(slot);
         st.detached = 0;
-        st.aliases = 0;
+        st.aliases = FxHashMap::default();
         dropped
     }
 
@@ -460,7 +573,11 @@ impl Writer {
         self.workers
             .iter()
             .flatten()
-            .map(|w| w.records.iter().map(Records::bytes).sum::<usize>() + std::mem::size_of::<WorkerState>())
+            .map(|w| {
+                w.records.iter().map(Records::bytes).sum::<usize>()
+                    + w.aliases.capacity() * 16
+                    + std::mem::size_of::<WorkerState>()
+            })
             .sum::<usize>()
             + self.workers.capacity() * std::mem::size_of::<Option<WorkerState>>()
     }
