@@ -13,6 +13,9 @@
 //! queries are deterministic, so both servers hold the same state; the
 //! bench checks that by comparing their answers to the same sample queries.
 //!
+//! After each workload's cells, the churn runs alone for a window (no
+//! queries) to read the server's CPU per ingested block.
+//!
 //! Server CPU per query is utime+stime of the server process over the
 //! measured window divided by the replies completed in it (10 ms ticks;
 //! windows are seconds long). Under ingest it includes applying events.
@@ -121,6 +124,9 @@ fn parse_options() -> Result<Options, String> {
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
+    if o.only.as_deref().is_some_and(|w| w != "trace" && w != "synthetic") {
+        return Err("--only takes trace or synthetic".into());
+    }
     if o.secs <= 0.0 || o.repeats == 0 || o.clients.is_empty() || o.clients.iter().any(|&c| c == 0 || c > 1024) {
         return Err("--secs, --repeats and --clients (1..=1024 each) must be positive".into());
     }
@@ -157,6 +163,16 @@ impl Cell {
             "errors": self.errors, "ingest_blocks_per_s": self.ingest_blocks_per_s,
         })
     }
+}
+
+/// Server CPU spent ingesting, with no queries: the churn alone for a window.
+struct IngestOnly {
+    server: String,
+    workload: &'static str,
+    repeat: usize,
+    blocks_per_s: f64,
+    cpu_us_per_block: f64,
+    core_use: f64,
 }
 
 /// A server under test, with its engines.
@@ -257,7 +273,70 @@ fn prepare(
 }
 
 /// Measures every cell of one repeat on `target`.
-fn measure(target: &mut Target, o: &Options, repeat: usize, cells: &mut Vec<Cell>) -> Result<(), String> {
+/// Streams the churn alone at `--ingest-rate` and reads the server's CPU
+/// over the window, per block published in it.
+fn measure_ingest_only(
+    server: &Server,
+    wl: &Workload,
+    engines: &mut [Engine],
+    generation: &mut u64,
+    o: &Options,
+    repeat: usize,
+) -> Result<IngestOnly, String> {
+    let mut churn = Churn::new(7 + repeat as u64 * 1_000);
+    let step_every = Duration::from_secs_f64(CHURN_STEP_BLOCKS / o.ingest_rate);
+    let started = Instant::now();
+    let window_start = started + Duration::from_secs_f64(o.warmup_secs);
+    let window_end = window_start + Duration::from_secs_f64(o.secs);
+    let mut due = started;
+    let mut at_start = None;
+    let at_end = loop {
+        let now = Instant::now();
+        if at_start.is_none() && now >= window_start {
+            at_start = Some((now, server.cpu_time(), churn.blocks_published));
+        }
+        if now >= window_end {
+            break (now, server.cpu_time(), churn.blocks_published);
+        }
+        churn.step(engines)?;
+        due += step_every;
+        if due > Instant::now() {
+            std::thread::sleep(due - Instant::now());
+        }
+    };
+    churn.finish(engines)?;
+    *generation += 1;
+    workloads::publish_sentinel(engines, *generation)?;
+    wait_synced(server, wl, *generation)?;
+    let (t0, c0, b0) = at_start.ok_or("the ingest window never opened")?;
+    let (t1, c1, b1) = at_end;
+    let cpu = match (c0, c1) {
+        (Some(c0), Some(c1)) => c1.saturating_sub(c0).as_secs_f64(),
+        _ => f64::NAN,
+    };
+    let (wall, blocks) = ((t1 - t0).as_secs_f64(), (b1 - b0).max(1) as f64);
+    let row = IngestOnly {
+        server: server.name.clone(),
+        workload: wl.name,
+        repeat,
+        blocks_per_s: blocks / wall,
+        cpu_us_per_block: cpu * 1e6 / blocks,
+        core_use: cpu / wall,
+    };
+    println!(
+        "  {:<6} {:<9} ingest only {:>7.0} blocks/s  cpu {:>6.2} us/block  core {:.2}",
+        row.server, row.workload, row.blocks_per_s, row.cpu_us_per_block, row.core_use
+    );
+    Ok(row)
+}
+
+fn measure(
+    target: &mut Target,
+    o: &Options,
+    repeat: usize,
+    cells: &mut Vec<Cell>,
+    ingest_only: &mut Vec<IngestOnly>,
+) -> Result<(), String> {
     let Target { server, setups } = target;
     for (wl, engines, generation) in setups.iter_mut() {
         let requests: Vec<Vec<u8>> = (0..wl.queries.len())
@@ -343,8 +422,43 @@ fn measure(target: &mut Target, o: &Options, repeat: usize, cells: &mut Vec<Cell
                 cells.push(cell);
             }
         }
+        ingest_only.push(measure_ingest_only(server, wl, engines, generation, o, repeat)?);
     }
     Ok(())
+}
+
+/// Medians over repeats of the ingest-only rows, with ratios to ours.
+fn ingest_table(rows: &[IngestOnly]) -> Vec<serde_json::Value> {
+    let mut keys: Vec<(String, &'static str)> = Vec::new();
+    for r in rows {
+        if !keys.contains(&(r.server.clone(), r.workload)) {
+            keys.push((r.server.clone(), r.workload));
+        }
+    }
+    println!("\ningest only (no queries): server CPU per block published (stores + removes); medians");
+    println!("| server | workload | blocks/s | server cpu us/block | core use | cpu/block vs ours |");
+    println!("|---|---|---:|---:|---:|---:|");
+    let cpu_of = |server: &str, workload: &str| {
+        median(
+            rows.iter().filter(|r| r.server == server && r.workload == workload).map(|r| r.cpu_us_per_block).collect(),
+        )
+    };
+    let mut out = Vec::new();
+    for (server, workload) in keys {
+        let of: Vec<&IngestOnly> = rows.iter().filter(|r| r.server == server && r.workload == workload).collect();
+        let rate = median(of.iter().map(|r| r.blocks_per_s).collect());
+        let cpu = cpu_of(&server, workload);
+        let core = median(of.iter().map(|r| r.core_use).collect());
+        let vs_ours = cpu / cpu_of("ours", workload);
+        println!("| {server} | {workload} | {rate:.0} | {cpu:.2} | {core:.2} | {vs_ours:.1}x |");
+        out.push(serde_json::json!({
+            "server": server, "workload": workload, "blocks_per_s": rate,
+            "server_cpu_us_per_block": cpu, "core_use": core,
+            "repeats": of.iter().map(|r| r.cpu_us_per_block).collect::<Vec<_>>(),
+            "repeat_ids": of.iter().map(|r| r.repeat).collect::<Vec<_>>(),
+        }));
+    }
+    out
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -505,6 +619,7 @@ fn run(o: Options) -> Result<(), String> {
         }
     }
     let mut cells = Vec::new();
+    let mut ingest_rows = Vec::new();
     let mut answers: Vec<(String, Vec<String>)> = Vec::new();
     for (name, program, args) in targets {
         let mut target = prepare(name, program.as_deref(), &args, &o, build(1)?)?;
@@ -517,7 +632,7 @@ fn run(o: Options) -> Result<(), String> {
         answers.push((name.to_string(), sample));
         for repeat in 0..o.repeats {
             println!("{name}: repeat {}/{}", repeat + 1, o.repeats);
-            measure(&mut target, &o, repeat, &mut cells)?;
+            measure(&mut target, &o, repeat, &mut cells, &mut ingest_rows)?;
         }
         target.server.stop();
     }
@@ -537,6 +652,7 @@ fn run(o: Options) -> Result<(), String> {
         state_check = serde_json::json!({"identical": same, "compared": sa.len(), "non_empty": nonempty});
     }
     let ratio_rows = ratios(&summaries);
+    let ingest_summary = ingest_table(&ingest_rows);
     let report = serde_json::json!({
         "config": {
             "secs": o.secs, "warmup_secs": o.warmup_secs, "repeats": o.repeats, "clients": o.clients,
@@ -545,6 +661,7 @@ fn run(o: Options) -> Result<(), String> {
         },
         "cells": cells.iter().map(Cell::json).collect::<Vec<_>>(),
         "ratios": ratio_rows,
+        "ingest_only": ingest_summary,
         "state_check": state_check,
     });
     std::fs::write(&o.json, serde_json::to_string_pretty(&report).unwrap())
