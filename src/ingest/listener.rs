@@ -325,16 +325,18 @@ impl Listener {
     }
 
     fn sequence_live(&mut self, t: &ThreadCtx, batch: Batch) {
-        // At most three rounds: a duplicate is judged again once after a
-        // monitor check, and a restart resets the sequencer, after which the
-        // batch starts a new stream and cannot be a duplicate or restart.
+        // At most three rounds: a duplicate or a gap is judged again once
+        // after a monitor check, and a restart or rejoin resets the
+        // sequencer, after which the batch starts a new stream and cannot be
+        // a duplicate, restart or rejoin.
         let mut monitor_checked = false;
         for _ in 0..3 {
             match self.seq.judge_live(batch.seq) {
                 Verdict::Apply => return self.apply(t, batch),
-                Verdict::Duplicate if !monitor_checked => {
-                    // A step back is a restart if the socket reconnected; make
-                    // sure a reconnect already queued on the monitor is known.
+                Verdict::Duplicate | Verdict::Gap { fresh: false, .. } if !monitor_checked => {
+                    // A step back is a restart, and a gap a rejoin, if the socket
+                    // reconnected: make sure a reconnect already queued on the
+                    // monitor is known.
                     monitor_checked = true;
                     self.read_monitor();
                 }
@@ -348,6 +350,21 @@ impl Listener {
                     let seq = batch.seq;
                     self.log.warn(|| {
                         format!("publisher {endpoint} restarted (seq {seq} after {last:?}); clearing its workers")
+                    });
+                    self.clear_workers(t);
+                    self.seq.reset();
+                    self.spec.shared.set_last_seq(None);
+                }
+                Verdict::Rejoin => {
+                    t.bump(&t.counters.gaps_detected, 1);
+                    t.bump(&t.counters.resyncs, 1);
+                    let (endpoint, last) = (&self.spec.endpoint, self.seq.last());
+                    let seq = batch.seq;
+                    self.log.warn(|| {
+                        format!(
+                            "reconnected to {endpoint} with batches missing (seq {seq} after {last:?}); \
+                             it may be a new process: clearing its workers and replaying from 0"
+                        )
                     });
                     self.clear_workers(t);
                     self.seq.reset();
@@ -508,7 +525,7 @@ impl Listener {
                 self.apply(t, batch);
                 self.count_replayed(1);
             }
-            Verdict::Duplicate | Verdict::Restart => {
+            Verdict::Duplicate | Verdict::Restart | Verdict::Rejoin => {
                 t.bump(&t.counters.duplicates_dropped, 1);
             }
         }
