@@ -122,7 +122,7 @@ OPTIONS:
   --min-initial-workers N  not ready until N workers are registered
                            (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
   --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)
-  --peer-timeout-ms N      timeout of a peer dump request (default 10000)
+  --peer-timeout-ms N      timeout of a whole peer dump request (default 10000)
   --no-pin                 do not pin listener and shard threads to cores
   --log-level LEVEL        error, warn, info or debug (default info; env KV_INDEXER_LOG)
   -h, --help               this text
