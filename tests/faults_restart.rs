@@ -174,3 +174,25 @@ fn a_restarted_daemon_whose_engines_rolled_past_seq_zero_never_holds_a_stale_blo
     let checked = assert_exact(&d, &engines);
     report("a_restarted_daemon_whose_engines_rolled_past_seq_zero", &engines, &checked, &d);
 }
+
+#[test]
+fn a_restarted_daemon_replays_a_long_history_without_holes() {
+    // Engines buffer 10,000 batches by default: a daemon that joins late
+    // asks for all of them at once, far more than a socket's default
+    // high-water mark (1,000 messages), and must get them all.
+    const HISTORY: usize = 10_000;
+    let args = ["--replay-timeout-ms", "10000"];
+    let mut engines = vec![engine(330, 120, Some(HISTORY + 100), Encoding::Tagged)];
+    engines[0].set_faults(Faults::NONE);
+    stores_only(&mut engines[0], HISTORY);
+    engines[0].quiesce();
+    let d = Daemon::start(&args);
+    engines[0].register(&d, 0);
+    engines[0].settle(&[&d]);
+    let requests = engines[0].publisher.replay_requests();
+    eprintln!("a long history: {} replay requests from {:?}", requests.len(), requests);
+    let checked = assert_exact(&d, &engines);
+    let c = counters(&d);
+    assert_eq!((c["batches_replayed"].as_u64(), c["resyncs"].as_u64()), (Some(HISTORY as u64), Some(0)), "{c}");
+    report("a_restarted_daemon_replays_a_long_history", &engines, &checked, &d);
+}

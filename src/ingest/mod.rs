@@ -31,7 +31,11 @@
 //! - `s > last + 1`: a *gap* `last+1..s`. With a replay endpoint the
 //!   listener asks for it (DEALER `[b"", from]`), holds the worker's live
 //!   batches meanwhile, applies the replies in order, then the held batches.
-//!   Without one, or for whatever the replay does not deliver, see resync.
+//!   Replies that skip seqs or stop short are asked for again from the
+//!   first missing one while each request makes progress (an engine's
+//!   ROUTER socket drops replies that overflow its pipe, so a long replay
+//!   arrives with holes). Without a replay endpoint, or for whatever the
+//!   replay cannot deliver, see resync.
 //!   But if the SUB socket reconnected since `last` was accepted, it is a
 //!   *rejoin*: a new process whose first batches went out before we
 //!   reconnected (ZMQ reconnects with a backoff) shows the same forward
