@@ -49,6 +49,10 @@ pub struct Config {
     pub log_level: crate::log::Level,
     /// Pin listener and shard threads to cores.
     pub pin_threads: bool,
+    /// Where snapshots are written and read at startup; None: no snapshots.
+    pub snapshot_dir: Option<PathBuf>,
+    /// Seconds between periodic snapshots; 0: only on stop.
+    pub snapshot_interval_s: u64,
 }
 
 impl Default for Config {
@@ -73,6 +77,8 @@ impl Default for Config {
             peer_timeout_ms: 10_000,
             log_level: crate::log::Level::Info,
             pin_threads: true,
+            snapshot_dir: None,
+            snapshot_interval_s: 60,
         }
     }
 }
@@ -123,6 +129,8 @@ OPTIONS:
                            (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
   --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)
   --peer-timeout-ms N      timeout of a whole peer dump request (default 10000)
+  --snapshot-dir DIR       write snapshots to DIR/snapshot.bin and restart warm from it
+  --snapshot-interval-s N  seconds between snapshots (default 60; 0: only on stop)
   --no-pin                 do not pin listener and shard threads to cores
   --log-level LEVEL        error, warn, info or debug (default info; env KV_INDEXER_LOG)
   -h, --help               this text
@@ -235,6 +243,8 @@ where
             "--slow-joiner-ms",
             "--peer-timeout-ms",
             "--log-level",
+            "--snapshot-dir",
+            "--snapshot-interval-s",
         ];
         if !known.contains(&flag.as_str()) {
             return Err(CliError(format!("unknown option {flag}; see --help")));
@@ -268,6 +278,13 @@ where
                 cfg.log_level =
                     crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("--log-level: unknown level {v:?}")))?
             }
+            "--snapshot-dir" => {
+                if v.trim().is_empty() {
+                    return Err(CliError("--snapshot-dir: empty path".into()));
+                }
+                cfg.snapshot_dir = Some(PathBuf::from(v))
+            }
+            "--snapshot-interval-s" => cfg.snapshot_interval_s = parse_num(&flag, &v, 0, 86_400)?,
             _ => unreachable!("checked against the known list"),
         }
     }
@@ -324,6 +341,15 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_flags_parse() {
+        let c = run(&[]).unwrap();
+        assert_eq!((c.snapshot_dir, c.snapshot_interval_s), (None, 60));
+        let c = run(&["--snapshot-dir", "/var/lib/kv-indexer", "--snapshot-interval-s", "0"]).unwrap();
+        assert_eq!(c.snapshot_dir, Some(PathBuf::from("/var/lib/kv-indexer")));
+        assert_eq!(c.snapshot_interval_s, 0);
+    }
+
+    #[test]
     fn bad_values_are_one_clear_error() {
         for args in [
             &["--port", "x"][..],
@@ -336,6 +362,8 @@ mod tests {
             &["--bogus"],
             &["stray"],
             &["--port"],
+            &["--snapshot-dir", ""],
+            &["--snapshot-interval-s", "-1"],
         ] {
             let e = run(args).unwrap_err();
             assert!(!e.0.contains('\n') && !e.0.is_empty(), "{args:?}: {e}");

@@ -1,12 +1,18 @@
 //! Wiring: starts the ingest pipeline, registers `--workers`, serves the
-//! API, recovers from peers, opens the ready gate, tells systemd, and stops
-//! cleanly on SIGTERM or SIGINT.
+//! API, recovers from a snapshot and peers, opens the ready gate, tells
+//! systemd, and stops cleanly on SIGTERM or SIGINT.
 //!
-//! Startup order: listeners connect with the ready gate closed (they hold
-//! what engines send), the HTTP API answers (`/health` says why it is not
-//! ready yet), the slow-joiner window passes, a peer's dump is applied, the
-//! gate opens and held events drain. READY=1 goes to systemd once recovery
-//! is done and enough workers are registered.
+//! Startup order: the snapshot (`--snapshot-dir`) is read and decoded whole;
+//! with a snapshot or peers the ready gate starts closed. The snapshot's
+//! indexes are rebuilt and its watermarks seeded, then listeners connect
+//! (`--workers`, then the snapshot's registrations; they hold what engines
+//! send), the HTTP API answers (`/health` says why it is not ready yet),
+//! with peers the slow-joiner window passes and a peer's dump is applied
+//! (replacing the snapshot's blocks of the workers it names), the gate
+//! opens and held events drain.
+//! READY=1 goes to systemd once recovery is done and enough workers are
+//! registered. On stop: the API closes, a last snapshot is written while
+//! ingest still runs, then ingest stops.
 
 use crate::config::Config;
 use crate::http::routes::{Api, Readiness};
@@ -15,6 +21,7 @@ use crate::ingest::{Ingest, IngestConfig};
 use crate::metrics::{HttpMetrics, Prom};
 use crate::recovery::{self, Peers};
 use crate::registry::{RegisterArgs, Registry};
+use crate::snapshot::{self, Periodic, SnapshotDir};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +36,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
     crate::signals::block();
     let stop = crate::signals::wait_for_stop();
 
-    let recovering = !cfg.peers.is_empty();
+    // Decoded whole before anything starts: a bad file is ignored, never half-applied.
+    let snapshot_dir = cfg.snapshot_dir.as_deref().map(SnapshotDir::open).transpose()?.map(Arc::new);
+    let saved = snapshot_dir.as_ref().and_then(|d| d.load());
+    let recovering = !cfg.peers.is_empty() || saved.is_some();
     let ingest_cfg = IngestConfig {
         listener_threads: cfg.listener_threads,
         shard_threads: cfg.writer_threads,
@@ -40,8 +50,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
     };
     let ingest = Arc::new(Ingest::start(ingest_cfg).map_err(|e| e.to_string())?);
     let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump));
-    for w in &cfg.workers {
-        let args = RegisterArgs {
+    let workers: Vec<RegisterArgs> = cfg
+        .workers
+        .iter()
+        .map(|w| RegisterArgs {
             instance_id: w.worker.instance_id,
             dp_rank: w.worker.dp_rank,
             endpoint: w.endpoint.clone(),
@@ -49,8 +61,18 @@ pub fn run(cfg: Config) -> Result<(), String> {
             model_name: cfg.model_name.clone(),
             tenant_id: cfg.tenant_id.clone(),
             block_size: cfg.block_size.unwrap_or(16),
-        };
-        registry.register(args).map_err(|e| format!("--workers: {e:?}"))?;
+        })
+        .collect();
+    let restored = saved.is_some();
+    match saved {
+        Some(s) => {
+            snapshot::restore(&registry, snapshot::plan(s, workers))?;
+        }
+        None => {
+            for args in workers {
+                registry.register(args).map_err(|e| format!("--workers: {e:?}"))?;
+            }
+        }
     }
 
     let readiness =
@@ -82,11 +104,19 @@ pub fn run(cfg: Config) -> Result<(), String> {
     );
 
     if recovering {
-        std::thread::sleep(Duration::from_millis(cfg.slow_joiner_ms));
-        recovery::recover(&registry, &peers.list(), Duration::from_millis(cfg.peer_timeout_ms));
+        if !cfg.peers.is_empty() {
+            std::thread::sleep(Duration::from_millis(cfg.slow_joiner_ms));
+            recovery::recover(&registry, &peers.list(), Duration::from_millis(cfg.peer_timeout_ms), restored);
+        }
         ingest.open_ready_gate();
         readiness.recovered.store(true, Ordering::Release);
     }
+    let periodic = match &snapshot_dir {
+        Some(dir) if cfg.snapshot_interval_s > 0 => {
+            Some(Periodic::start(dir.clone(), registry.clone(), cfg.snapshot_interval_s).map_err(|e| e.to_string())?)
+        }
+        _ => None,
+    };
 
     // Tell systemd once ready; stop waiting if asked to stop first.
     let mut notified = false;
@@ -105,6 +135,14 @@ pub fn run(cfg: Config) -> Result<(), String> {
     crate::info!("stopping on signal {signal}");
     crate::notify::notify("STOPPING=1");
     http.stop();
+    // At most one snapshot write on stop (see `snapshot::Periodic::stop`),
+    // while ingest still runs: the watermarks-first capture stays consistent.
+    let just_written = periodic.is_some_and(Periodic::stop);
+    if let Some(dir) = snapshot_dir.as_ref().filter(|_| !just_written) {
+        if let Some(s) = dir.save_logged(&registry, "stop") {
+            crate::info!("snapshot written on stop: {} bytes, {} pairs", s.bytes, s.pairs);
+        }
+    }
     ingest.shutdown();
     if let Some(p) = &cfg.unix_socket {
         let _ = std::fs::remove_file(p);

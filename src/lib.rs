@@ -16,6 +16,7 @@ pub mod notify;
 pub mod recovery;
 pub mod registry;
 pub mod signals;
+pub mod snapshot;
 pub mod wire;
 
 pub use event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};

@@ -5,7 +5,9 @@
 //! answers `/dump` in full gives us its indexes, which are applied; then the
 //! gate opens and the held events drain, converging the weakly consistent
 //! snapshot. A peer that fails mid-dump is skipped whole: nothing partial is
-//! applied. No peer reachable: start empty, and say so.
+//! applied. No peer reachable: start empty, and say so. Over a local
+//! snapshot (`--snapshot-dir`), the peer's blocks replace the snapshot's for
+//! every worker the dump names; the others keep the snapshot's.
 
 use crate::http::codec::{parse_dump, DumpEntry};
 use crate::registry::Registry;
@@ -57,12 +59,35 @@ pub fn apply_dump(registry: &Registry, entries: &[DumpEntry], out: &mut Recovere
     }
 }
 
-/// Recovers from the first peer that answers; logs the outcome.
-pub fn recover(registry: &Registry, peers: &[String], timeout: Duration) -> Recovered {
+/// Drops, before a peer's dump is applied over a snapshot, the blocks of
+/// every worker the dump names: a live peer saw what happened to them while
+/// this daemon was down. Workers it does not name keep the snapshot's.
+fn drop_workers_named(registry: &Registry, entries: &[DumpEntry]) -> usize {
+    let mut dropped = 0;
+    for entry in entries {
+        let Some(h) = registry.index(&entry.model_name, &entry.tenant_id) else { continue };
+        let mut named: Vec<_> = entry.events.iter().map(|e| e.worker).collect();
+        named.sort_unstable();
+        named.dedup();
+        for w in named {
+            dropped += h.index.remove_worker(w) as usize;
+        }
+    }
+    dropped
+}
+
+/// Recovers from the first peer that answers; logs the outcome. With
+/// `over_snapshot`, the peer's blocks replace the snapshot's for every
+/// worker its dump names; nothing is dropped unless a dump arrived whole.
+pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_snapshot: bool) -> Recovered {
     let mut out = Recovered::default();
     for peer in peers {
         match fetch_dump(peer, timeout) {
             Ok(entries) => {
+                if over_snapshot {
+                    let n = drop_workers_named(registry, &entries);
+                    crate::info!("peer {peer}'s dump replaces the snapshot's blocks of {n} worker(s)");
+                }
                 apply_dump(registry, &entries, &mut out);
                 out.peer = Some(peer.clone());
                 crate::info!(
@@ -76,7 +101,8 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration) -> Reco
             Err(e) => crate::warn!("recovery: peer {peer} failed: {e}"),
         }
     }
-    crate::warn!("recovery: no peer answered ({} tried); starting empty", peers.len());
+    let keeping = if over_snapshot { "keeping the snapshot's state" } else { "starting empty" };
+    crate::warn!("recovery: no peer answered ({} tried); {keeping}", peers.len());
     out
 }
 

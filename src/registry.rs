@@ -92,6 +92,10 @@ impl EventSink for IndexHandle {
         IndexHandle::apply(self, event);
     }
 
+    fn apply_all(&self, events: &[Event]) {
+        self.index.apply_all(events, |e, o| self.counters.add(&e.kind, o));
+    }
+
     fn remove_worker(&self, worker: WorkerId) {
         self.index.remove_worker(worker);
     }

@@ -42,6 +42,9 @@ pub(crate) struct NewListener {
     pub shared: Arc<ListenerShared>,
     /// Watermark kept from an earlier registration of the same key.
     pub last_seq: Option<u64>,
+    /// Other dp ranks the earlier stream of the key wrote to (a snapshot's):
+    /// a restart must clear them too.
+    pub ranks_written: Vec<u32>,
 }
 
 /// Requests from the API to a listener thread.
@@ -128,7 +131,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             Err(e) => {
                 // EINTR and the like: nothing was read. Pause so a lasting
                 // error cannot spin the thread.
-                eprintln!("kv-indexer ingest: zmq poll failed: {e}");
+                crate::error!("zmq poll failed: {e}");
                 std::thread::sleep(Duration::from_millis(t.cfg.poll_timeout_ms));
                 continue;
             }
@@ -154,7 +157,9 @@ fn handle_control(t: &ThreadCtx, listeners: &mut Vec<Listener>, msg: Control) {
     match msg {
         Control::Add(spec) => {
             let seq = Sequencer::new(spec.last_seq, t.cfg.restart_seq_drop_min);
-            let ranks = vec![spec.worker.dp_rank];
+            let mut ranks = vec![spec.worker.dp_rank];
+            // Deduplicated and bounded by `seed_watermark`.
+            ranks.extend(spec.ranks_written.iter().copied().filter(|&r| r != spec.worker.dp_rank));
             listeners.push(Listener {
                 spec: *spec,
                 seq,
@@ -373,6 +378,8 @@ impl Listener {
                 Verdict::Gap { from, to, fresh } => {
                     if !fresh {
                         t.bump(&t.counters.gaps_detected, 1);
+                        let endpoint = &self.spec.endpoint;
+                        self.log.info(|| format!("gap in the stream of {endpoint}: batches {from}..{to} missing"));
                     }
                     if self.start_replay(t, from, to) {
                         // The trigger is older than anything held: it goes first.
@@ -612,10 +619,12 @@ impl Listener {
             &t.counters.replays_failed
         };
         t.bump(outcome, 1);
+        let (from, to, applied) = (run.from, run.to, run.applied);
+        let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or("");
         if missing > 0 {
-            let (from, to) = (run.from, run.to);
-            let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or("");
             self.log.warn(|| format!("replay of {from}..{to} from {endpoint} missed {missing} batches"));
+        } else {
+            self.log.info(|| format!("replayed batches {from}..{to} from {endpoint} ({applied} applied)"));
         }
         self.spec.shared.set_last_seq(self.seq.last());
         if t.gate_open.load(Ordering::Acquire) {

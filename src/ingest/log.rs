@@ -1,4 +1,4 @@
-//! Warnings to stderr, at most one a second per source, so a publisher that
+//! Ingest log lines, at most one a second per source, so a publisher that
 //! misbehaves on every batch cannot flood the log. Counters carry the totals.
 
 use std::time::{Duration, Instant};
@@ -14,8 +14,20 @@ pub(crate) struct LogLimiter {
 }
 
 impl LogLimiter {
-    /// Prints the warning unless one was printed less than a second ago.
+    /// Logs a warning unless a line was logged less than a second ago.
     pub(crate) fn warn(&mut self, message: impl FnOnce() -> String) {
+        self.line(crate::log::Level::Warn, message);
+    }
+
+    /// Logs an informational line, rate-limited like warnings.
+    pub(crate) fn info(&mut self, message: impl FnOnce() -> String) {
+        self.line(crate::log::Level::Info, message);
+    }
+
+    fn line(&mut self, level: crate::log::Level, message: impl FnOnce() -> String) {
+        if !crate::log::enabled(level) {
+            return;
+        }
         let now = Instant::now();
         if self.last.is_some_and(|t| now.duration_since(t) < Duration::from_millis(LOG_INTERVAL_MS)) {
             self.suppressed = self.suppressed.saturating_add(1);
@@ -23,9 +35,9 @@ impl LogLimiter {
         }
         let suppressed = std::mem::take(&mut self.suppressed);
         if suppressed > 0 {
-            eprintln!("kv-indexer ingest: {} ({suppressed} similar lines suppressed)", message());
+            crate::log::write(level, format_args!("{} ({suppressed} similar lines suppressed)", message()));
         } else {
-            eprintln!("kv-indexer ingest: {}", message());
+            crate::log::write(level, format_args!("{}", message()));
         }
         self.last = Some(now);
     }

@@ -16,7 +16,8 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::config::{
-    IngestConfig, BLOCK_SIZE_MAX, CONTROL_QUEUE_MAX, CONTROL_TIMEOUT_MS, ENDPOINT_LEN_MAX, LISTENERS_MAX,
+    IngestConfig, BLOCK_SIZE_MAX, CONTROL_QUEUE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, ENDPOINT_LEN_MAX,
+    LISTENERS_MAX,
 };
 use super::counters::{Counters, IngestCounters};
 use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
@@ -124,6 +125,8 @@ struct Registry {
     by_worker: FxHashMap<WorkerId, ListenerId>,
     /// Watermarks of removed listeners, by key.
     watermarks: FxHashMap<WorkerId, u64>,
+    /// Extra dp ranks a seeded key's earlier stream wrote to (`seed_watermark`).
+    seeded_ranks: FxHashMap<WorkerId, Vec<u32>>,
     next_id: u64,
     thread_load: Vec<usize>,
 }
@@ -250,7 +253,9 @@ impl Ingest {
         reg.next_id += 1;
         let (sub, monitor) = self.open_sub(id, &spec.endpoint)?;
         let last_seq = reg.watermarks.get(&spec.worker).copied();
-        let shared = Arc::new(ListenerShared::new(last_seq));
+        let ranks_written = reg.seeded_ranks.get(&spec.worker).cloned().unwrap_or_default();
+        let label = format!("instance {} dp_rank {} ({})", spec.worker.instance_id, spec.worker.dp_rank, spec.endpoint);
+        let shared = Arc::new(ListenerShared::new(label, last_seq));
         let thread = (0..reg.thread_load.len()).min_by_key(|&i| reg.thread_load[i]).unwrap_or(0);
         let new = NewListener {
             id,
@@ -263,12 +268,14 @@ impl Ingest {
             monitor,
             shared: Arc::clone(&shared),
             last_seq,
+            ranks_written,
         };
         self.listener_txs[thread]
             .send_timeout(Control::Add(Box::new(new)), Duration::from_millis(CONTROL_TIMEOUT_MS))
             .map_err(|_| IngestError::Timeout("adding a listener"))?;
         reg.thread_load[thread] += 1;
         reg.watermarks.remove(&spec.worker);
+        reg.seeded_ranks.remove(&spec.worker);
         reg.by_worker.insert(spec.worker, id);
         reg.listeners.insert(
             id,
@@ -311,6 +318,39 @@ impl Ingest {
             Some(None) => Ok(()),
             None => Err(IngestError::Timeout("removing a listener")),
         }
+    }
+
+    /// Seeds the watermark of `worker`'s next listener, as if an earlier
+    /// listener of the key had dealt with batches up to `last_seq` (a
+    /// snapshot's). Its first batch then continues the stream: `last_seq + 1`
+    /// applies, a later seq is a gap replayed from `last_seq + 1`, and a seq
+    /// at or below it is a restart that clears the registered rank and
+    /// `ranks_written` (other dp ranks that stream wrote to). Call before
+    /// `add_listener` for the key.
+    pub fn seed_watermark(&self, worker: WorkerId, last_seq: u64, ranks_written: &[u32]) -> Result<(), IngestError> {
+        let mut reg = self.registry.lock();
+        if reg.by_worker.contains_key(&worker) {
+            return Err(IngestError::AlreadyRegistered(worker));
+        }
+        if !reg.watermarks.contains_key(&worker) && reg.watermarks.len() >= WATERMARKS_KEPT_MAX {
+            return Err(IngestError::InvalidSpec(format!("more than {WATERMARKS_KEPT_MAX} watermarks")));
+        }
+        reg.watermarks.insert(worker, last_seq);
+        let mut ranks: Vec<u32> = Vec::new();
+        for &r in ranks_written {
+            if r != worker.dp_rank && !ranks.contains(&r) && ranks.len() + 1 < DP_RANKS_PER_LISTENER_MAX {
+                ranks.push(r);
+            }
+        }
+        reg.seeded_ranks.insert(worker, ranks);
+        Ok(())
+    }
+
+    /// The watermark (highest seq dealt with) of every running listener that
+    /// has one, by key. A snapshot pairs these with the index state.
+    pub fn watermarks(&self) -> Vec<(WorkerId, u64)> {
+        let reg = self.registry.lock();
+        reg.listeners.values().filter_map(|e| e.shared.last_seq().map(|s| (e.worker, s))).collect()
     }
 
     /// Removes `worker` from `sink` through its shard, after every batch of

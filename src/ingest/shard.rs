@@ -94,9 +94,7 @@ pub(crate) fn run_shard(
                 }
                 out.clear();
                 state.converter.convert(worker, &events, &mut out, &skips);
-                for event in &out {
-                    sink.apply(event);
-                }
+                sink.apply_all(&out);
                 counters.batches_applied.fetch_add(1, Ordering::Relaxed);
                 counters.events_applied.fetch_add(out.len() as u64, Ordering::Relaxed);
             }

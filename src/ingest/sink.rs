@@ -8,6 +8,13 @@ use crate::event::{Event, WorkerId};
 pub trait EventSink: Send + Sync {
     /// Applies one event. Called only from the shard that owns `event.worker`.
     fn apply(&self, event: &Event);
+    /// Applies a batch of events in order; sinks may do it more cheaply
+    /// than one `apply` each (the index takes its writer lock once).
+    fn apply_all(&self, events: &[Event]) {
+        for e in events {
+            self.apply(e);
+        }
+    }
     /// Forgets every block of `worker` and the worker itself.
     fn remove_worker(&self, worker: WorkerId);
 }

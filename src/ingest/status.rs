@@ -68,6 +68,8 @@ const NO_SEQ: u64 = u64::MAX;
 /// State written by the listener thread, read by the API.
 #[derive(Debug)]
 pub(crate) struct ListenerShared {
+    /// Names the listener in log lines: instance, rank and endpoint.
+    label: String,
     connected: AtomicBool,
     failed: AtomicBool,
     last_seq: AtomicU64,
@@ -76,8 +78,9 @@ pub(crate) struct ListenerShared {
 }
 
 impl ListenerShared {
-    pub(crate) fn new(last_seq: Option<u64>) -> Self {
+    pub(crate) fn new(label: String, last_seq: Option<u64>) -> Self {
         Self {
+            label,
             connected: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             last_seq: AtomicU64::new(last_seq.unwrap_or(NO_SEQ)),
@@ -99,14 +102,22 @@ impl ListenerShared {
     }
 
     pub(crate) fn set_connected(&self, connected: bool) {
-        self.connected.store(connected, Ordering::Relaxed);
+        if self.connected.swap(connected, Ordering::Relaxed) != connected {
+            if connected {
+                crate::info!("listener {}: connected", self.label);
+            } else {
+                crate::warn!("listener {}: disconnected; reconnecting", self.label);
+            }
+        }
         if connected {
             self.failed.store(false, Ordering::Relaxed);
         }
     }
 
     pub(crate) fn set_failed(&self, error: String) {
-        self.failed.store(true, Ordering::Relaxed);
+        if !self.failed.swap(true, Ordering::Relaxed) {
+            crate::warn!("listener {}: failed: {error}", self.label);
+        }
         self.set_error(error);
     }
 
