@@ -23,7 +23,7 @@ const PAIRS_PER_WORKER: usize = 16_000;
 /// Builds the index; returns it, the store rate (blocks/s), the pair count,
 /// and the events, so their removal can be timed too.
 fn build(jump: usize, rng: &mut Rng, query: &[u64]) -> (Index, f64, u64, Vec<Event>) {
-    let ix = Index::new(IndexConfig { block_size: 16, jump, depth_max: 0 });
+    let ix = Index::new(IndexConfig { jump, ..IndexConfig::new(16) });
     let mut events = Vec::new();
     for w in 0..WORKERS {
         let worker = WorkerId::new(w, 0);

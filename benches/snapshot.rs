@@ -6,6 +6,7 @@
 //! `cargo bench --bench snapshot [-- --workers N --blocks N --dir PATH --rounds N]`
 //! (`--dir` picks the file system; default: the system temp dir).
 
+use kv_indexer::index::Budget;
 use kv_indexer::ingest::{Ingest, IngestConfig};
 use kv_indexer::registry::Registry;
 use kv_indexer::snapshot::{self, SnapshotDir};
@@ -31,7 +32,7 @@ const CONVERSATION: u64 = 48;
 
 fn registry() -> Arc<Registry> {
     let cfg = IngestConfig { listener_threads: 1, shard_threads: 2, pin_threads: false, ..IngestConfig::default() };
-    Arc::new(Registry::new(Arc::new(Ingest::start(cfg).expect("ingest")), 0))
+    Arc::new(Registry::new(Arc::new(Ingest::start(cfg).expect("ingest")), 0, Arc::new(Budget::unlimited())))
 }
 
 /// Fills index `m:default` with `workers` x `blocks` pairs: per worker a

@@ -11,6 +11,8 @@ use std::path::PathBuf;
 
 /// Largest accepted request body by default, in bytes (a 1M-token /query is ~8 MB).
 pub const BODY_LIMIT_BYTES_DEFAULT: usize = 16 << 20;
+/// Default cap of live (block, worker) pairs over all indexes (see README, "Limits").
+pub const MAX_PAIRS_DEFAULT: u64 = 1 << 27;
 
 /// One `--workers` item: `instance[:dp_rank]=endpoint`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +51,10 @@ pub struct Config {
     pub log_level: crate::log::Level,
     /// Pin listener and shard threads to cores.
     pub pin_threads: bool,
+    /// Live (block, worker) pairs all indexes may hold; 0: no cap.
+    pub max_pairs: u64,
+    /// Bearer token the mutating endpoints require, if set.
+    pub admin_token: Option<crate::http::auth::AdminToken>,
     /// Where snapshots are written and read at startup; None: no snapshots.
     pub snapshot_dir: Option<PathBuf>,
     /// Seconds between periodic snapshots; 0: only on stop.
@@ -77,6 +83,8 @@ impl Default for Config {
             peer_timeout_ms: 10_000,
             log_level: crate::log::Level::Info,
             pin_threads: true,
+            max_pairs: MAX_PAIRS_DEFAULT,
+            admin_token: None,
             snapshot_dir: None,
             snapshot_interval_s: 60,
         }
@@ -129,6 +137,12 @@ OPTIONS:
                            (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
   --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)
   --peer-timeout-ms N      timeout of a whole peer dump request (default 10000)
+  --max-pairs N            cap on live (block, worker) pairs over all indexes; past it new
+                           blocks are refused and counted, never guessed (default 134217728;
+                           0: no cap)
+  --admin-token TOKEN      require \"Authorization: Bearer TOKEN\" on /register, /unregister,
+                           /register_peer, /deregister_peer (env KV_INDEXER_ADMIN_TOKEN,
+                           which keeps it out of the process list)
   --snapshot-dir DIR       write snapshots to DIR/snapshot.bin and restart warm from it
   --snapshot-interval-s N  seconds between snapshots (default 60; 0: only on stop)
   --no-pin                 do not pin listener and shard threads to cores
@@ -181,6 +195,9 @@ pub fn parse_peers(list: &str) -> Result<Vec<String>, CliError> {
         if !out.contains(&url) {
             out.push(url);
         }
+        if out.len() > crate::recovery::PEERS_MAX {
+            return Err(CliError(format!("--peers: at most {} peers", crate::recovery::PEERS_MAX)));
+        }
     }
     Ok(out)
 }
@@ -200,6 +217,10 @@ where
     if let Some(v) = env("KV_INDEXER_LOG").filter(|v| !v.trim().is_empty()) {
         cfg.log_level =
             crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("KV_INDEXER_LOG: unknown level {v:?}")))?;
+    }
+    if let Some(v) = env("KV_INDEXER_ADMIN_TOKEN").filter(|v| !v.is_empty()) {
+        let t = crate::http::auth::AdminToken::new(&v).map_err(|e| CliError(format!("KV_INDEXER_ADMIN_TOKEN: {e}")))?;
+        cfg.admin_token = Some(t);
     }
     let mut parser = lexopt::Parser::from_args(args);
     let mut workers_arg = None;
@@ -243,6 +264,8 @@ where
             "--slow-joiner-ms",
             "--peer-timeout-ms",
             "--log-level",
+            "--max-pairs",
+            "--admin-token",
             "--snapshot-dir",
             "--snapshot-interval-s",
         ];
@@ -274,6 +297,11 @@ where
             "--min-initial-workers" => cfg.min_initial_workers = parse_num(&flag, &v, 0, 1_000_000)?,
             "--slow-joiner-ms" => cfg.slow_joiner_ms = parse_num(&flag, &v, 0, 600_000)?,
             "--peer-timeout-ms" => cfg.peer_timeout_ms = parse_num(&flag, &v, 1, 600_000)?,
+            "--max-pairs" => cfg.max_pairs = parse_num(&flag, &v, 0, u64::MAX)?,
+            "--admin-token" => {
+                let t = crate::http::auth::AdminToken::new(&v).map_err(|e| CliError(format!("--admin-token: {e}")))?;
+                cfg.admin_token = Some(t);
+            }
             "--log-level" => {
                 cfg.log_level =
                     crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("--log-level: unknown level {v:?}")))?
@@ -379,5 +407,22 @@ mod tests {
         }
         assert!(matches!(parse(["--help".into()], |_| None).unwrap(), Command::Help));
         assert!(matches!(parse(["-V".into()], |_| None).unwrap(), Command::Version));
+    }
+
+    #[test]
+    fn limits_and_admin_token() {
+        let c = run(&[]).unwrap();
+        assert_eq!((c.max_pairs, c.admin_token.is_none()), (MAX_PAIRS_DEFAULT, true));
+        assert_eq!(run(&["--max-pairs", "0"]).unwrap().max_pairs, 0);
+        let env = |k: &str| (k == "KV_INDEXER_ADMIN_TOKEN").then(|| "from-env".to_string());
+        let Command::Run(c) = parse(Vec::<std::ffi::OsString>::new(), env).unwrap() else { panic!() };
+        assert_eq!(c.admin_token, Some(crate::http::auth::AdminToken::new("from-env").unwrap()));
+        let Command::Run(c) = parse(["--admin-token".into(), "from-flag".into()], env).unwrap() else { panic!() };
+        assert_eq!(c.admin_token, Some(crate::http::auth::AdminToken::new("from-flag").unwrap()), "the flag wins");
+        for args in [&["--max-pairs", "-1"][..], &["--admin-token", ""], &["--admin-token", "two words"]] {
+            let e = run(args).unwrap_err();
+            assert!(!e.0.contains("two words"), "the error does not echo the token: {e}");
+        }
+        assert!(!format!("{c:?}").contains("from-flag"), "Debug of the config hides the token");
     }
 }

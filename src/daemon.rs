@@ -49,7 +49,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
         ..IngestConfig::default()
     };
     let ingest = Arc::new(Ingest::start(ingest_cfg).map_err(|e| e.to_string())?);
-    let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump));
+    let budget = Arc::new(crate::index::Budget::new(cfg.max_pairs));
+    let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump, budget));
     let workers: Vec<RegisterArgs> = cfg
         .workers
         .iter()
@@ -84,6 +85,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
         peers: peers.clone(),
         readiness: readiness.clone(),
         metrics: metrics.clone(),
+        admin_token: cfg.admin_token.clone(),
+        auth_refused: Default::default(),
     });
     let http_threads = if cfg.http_threads == 0 { cores().clamp(2, 8) } else { cfg.http_threads };
     let http = HttpServer::start(
@@ -185,6 +188,17 @@ pub fn render_state_metrics(p: &mut Prom, registry: &Registry, readiness: &Readi
         p.sample("kv_indexer_index_bytes", &[("model", &h.model_name), ("tenant", &h.tenant_id)], s.bytes as f64);
     }
 
+    let b = &registry.budget;
+    let cap = b.pairs_max().unwrap_or(0) as f64;
+    p.single("kv_indexer_pairs_max", "gauge", "Cap on live (block, worker) pairs (--max-pairs); 0: none.", cap);
+    p.single("kv_indexer_pairs", "gauge", "Live (block, worker) pairs over all indexes.", b.pairs() as f64);
+    p.single(
+        "kv_indexer_entries",
+        "gauge",
+        "Live index entries over all indexes (capped like pairs).",
+        b.entries() as f64,
+    );
+
     let c = &registry.counters;
     let r = Ordering::Relaxed;
     p.family("kv_indexer_events_applied_total", "counter", "Events applied to indexes, by type.");
@@ -200,6 +214,7 @@ pub fn render_state_metrics(p: &mut Prom, registry: &Registry, readiness: &Readi
         ("unknown_removed", &c.removes_unknown),
         ("depth_exceeded", &c.blocks_depth_exceeded),
         ("rejected", &c.blocks_rejected),
+        ("shed", &c.blocks_shed),
         ("cleared", &c.pairs_cleared),
     ] {
         p.sample("kv_indexer_blocks_total", &[("outcome", o)], v.load(r) as f64);

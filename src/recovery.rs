@@ -106,25 +106,42 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
     out
 }
 
+/// Most peers a daemon keeps (from `--peers` and `/register_peer`).
+pub const PEERS_MAX: usize = 256;
+
 /// Peers known to this daemon (for recovery; they do not sync live).
 #[derive(Default)]
 pub struct Peers {
     list: Mutex<Vec<String>>,
 }
 
+/// What `Peers::add` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PeerAdded {
+    Added,
+    AlreadyKnown,
+    /// `PEERS_MAX` peers are known already; nothing changed.
+    Full,
+}
+
 impl Peers {
-    pub fn new(initial: Vec<String>) -> Peers {
+    /// The peers from the command line (`config` keeps them within `PEERS_MAX`).
+    pub fn new(mut initial: Vec<String>) -> Peers {
+        initial.truncate(PEERS_MAX);
         Peers { list: Mutex::new(initial) }
     }
 
-    /// Adds a peer; false if it was already known.
-    pub fn add(&self, url: String) -> bool {
+    /// Adds a peer, unless known or `PEERS_MAX` are.
+    pub fn add(&self, url: String) -> PeerAdded {
         let mut l = self.list.lock();
         if l.contains(&url) {
-            return false;
+            return PeerAdded::AlreadyKnown;
+        }
+        if l.len() >= PEERS_MAX {
+            return PeerAdded::Full;
         }
         l.push(url);
-        true
+        PeerAdded::Added
     }
 
     /// Removes a peer; false if unknown.

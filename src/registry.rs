@@ -8,16 +8,25 @@
 //! lock.
 
 use crate::event::{Event, EventKind, WorkerId};
-use crate::index::{ApplyOutcome, Index, IndexConfig};
+use crate::index::{ApplyOutcome, Budget, Index, IndexConfig};
 use crate::ingest::{EventSink, Ingest, IngestError, ListenerId, ListenerInfo, ListenerSpec};
 use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Tenant used when a request names none.
 pub const TENANT_DEFAULT: &str = "default";
+
+/// Most (model, tenant) indexes a daemon keeps; an index stays after its
+/// last worker is unregistered (queries keep answering), so this bounds
+/// what churn of model names can leave behind.
+pub const INDEXES_MAX: usize = 1_024;
+
+/// Least time between two log lines about shed blocks.
+pub const SHED_LOG_INTERVAL_MS: u64 = 10_000;
 
 /// Totals of what events did to the indexes, for metrics.
 #[derive(Default)]
@@ -32,6 +41,8 @@ pub struct ApplyCounters {
     pub removes_unknown: AtomicU64,
     pub blocks_depth_exceeded: AtomicU64,
     pub blocks_rejected: AtomicU64,
+    /// Blocks refused at the `--max-pairs` cap.
+    pub blocks_shed: AtomicU64,
     pub pairs_cleared: AtomicU64,
 }
 
@@ -50,7 +61,46 @@ impl ApplyCounters {
         self.removes_unknown.fetch_add(o.unknown_removed as u64, r);
         self.blocks_depth_exceeded.fetch_add(o.depth_exceeded as u64, r);
         self.blocks_rejected.fetch_add(o.rejected as u64, r);
+        self.blocks_shed.fetch_add(o.shed as u64, r);
         self.pairs_cleared.fetch_add(o.cleared as u64, r);
+    }
+}
+
+/// Tells the operator, at most once per `SHED_LOG_INTERVAL_MS`, that the
+/// pair cap is shedding stores and what to raise; counters carry the totals.
+struct ShedLog {
+    started: Instant,
+    /// Milliseconds since `started` of the last line; `u64::MAX`: none yet.
+    last_ms: AtomicU64,
+    /// Blocks shed since the last line.
+    pending: AtomicU64,
+}
+
+impl ShedLog {
+    fn new() -> ShedLog {
+        ShedLog { started: Instant::now(), last_ms: AtomicU64::new(u64::MAX), pending: AtomicU64::new(0) }
+    }
+
+    fn note(&self, shed: u32, budget: &Budget) {
+        self.pending.fetch_add(shed as u64, Ordering::Relaxed);
+        let now = self.started.elapsed().as_millis() as u64;
+        let last = self.last_ms.load(Ordering::Relaxed);
+        if last != u64::MAX && now.saturating_sub(last) < SHED_LOG_INTERVAL_MS {
+            return;
+        }
+        if self.last_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            return; // another thread logs this interval
+        }
+        let n = self.pending.swap(0, Ordering::Relaxed);
+        let since = if last == u64::MAX { String::new() } else { format!(" in the last {} s", (now - last) / 1000) };
+        crate::warn!(
+            "memory cap reached: refused {n} stored block(s){since}; {} of --max-pairs {} (block, worker) pairs \
+             and {} entries are live. Queries miss the refused blocks until engines free some; \
+             raise --max-pairs if the host has memory to spare (see kv_indexer_index_bytes)",
+            budget.pairs(),
+            budget.pairs_max().unwrap_or(0),
+            budget.entries()
+        );
     }
 }
 
@@ -60,6 +110,8 @@ pub struct IndexHandle {
     pub tenant_id: String,
     pub index: Index,
     counters: Arc<ApplyCounters>,
+    budget: Arc<Budget>,
+    shed_log: Arc<ShedLog>,
     /// Registered workers, for answers that list them even with no match.
     registered: RwLock<Vec<WorkerId>>,
 }
@@ -83,6 +135,9 @@ impl IndexHandle {
     pub fn apply(&self, event: &Event) -> ApplyOutcome {
         let o = self.index.apply(event);
         self.counters.add(&event.kind, &o);
+        if o.shed > 0 {
+            self.shed_log.note(o.shed, &self.budget);
+        }
         o
     }
 }
@@ -93,7 +148,14 @@ impl EventSink for IndexHandle {
     }
 
     fn apply_all(&self, events: &[Event]) {
-        self.index.apply_all(events, |e, o| self.counters.add(&e.kind, o));
+        let mut shed = 0u32;
+        self.index.apply_all(events, |e, o| {
+            self.counters.add(&e.kind, o);
+            shed = shed.saturating_add(o.shed);
+        });
+        if shed > 0 {
+            self.shed_log.note(shed, &self.budget);
+        }
     }
 
     fn remove_worker(&self, worker: WorkerId) {
@@ -151,16 +213,25 @@ pub struct Registry {
     ingest: Arc<Ingest>,
     jump: usize,
     pub counters: Arc<ApplyCounters>,
+    /// Pairs and entries all indexes may hold together (`--max-pairs`).
+    pub budget: Arc<Budget>,
+    shed_log: Arc<ShedLog>,
+    /// Held while an index may be created.
+    creating: Mutex<()>,
 }
 
 impl Registry {
-    pub fn new(ingest: Arc<Ingest>, jump: usize) -> Registry {
+    /// A registry whose indexes search with `jump` and share `budget`.
+    pub fn new(ingest: Arc<Ingest>, jump: usize, budget: Arc<Budget>) -> Registry {
         Registry {
             indexes: DashMap::new(),
             inner: Mutex::new(Inner::default()),
             ingest,
             jump,
             counters: Default::default(),
+            budget,
+            shed_log: Arc::new(ShedLog::new()),
+            creating: Mutex::new(()),
         }
     }
 
@@ -192,6 +263,15 @@ impl Registry {
             return Err(RegistryError::Invalid("block_size must be at least 1".into()));
         }
         let key = (model_name.to_string(), tenant_id.to_string());
+        // Creations are serialized so the count check holds; lookups of
+        // existing indexes (queries) never take this lock.
+        let _creating = self.creating.lock();
+        if self.indexes.len() >= INDEXES_MAX && !self.indexes.contains_key(&key) {
+            return Err(RegistryError::Conflict(format!(
+                "{INDEXES_MAX} (model, tenant) indexes exist already; no index for model={model_name:?} \
+                 tenant={tenant_id:?} is created"
+            )));
+        }
         let handle = self
             .indexes
             .entry(key)
@@ -200,8 +280,15 @@ impl Registry {
                 Arc::new(IndexHandle {
                     model_name: model_name.to_string(),
                     tenant_id: tenant_id.to_string(),
-                    index: Index::new(IndexConfig { block_size, jump: self.jump, depth_max: 0 }),
+                    index: Index::new(IndexConfig {
+                        block_size,
+                        jump: self.jump,
+                        depth_max: 0,
+                        budget: self.budget.clone(),
+                    }),
                     counters: self.counters.clone(),
+                    budget: self.budget.clone(),
+                    shed_log: self.shed_log.clone(),
                     registered: RwLock::new(Vec::new()),
                 })
             })

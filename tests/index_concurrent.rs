@@ -44,7 +44,7 @@ fn script(worker: WorkerId) -> Vec<(Event, u32)> {
 
 #[test]
 fn readers_only_see_states_the_writers_went_through() {
-    let ix = Arc::new(Index::new(IndexConfig { block_size: 4, jump: 8, depth_max: 0 }));
+    let ix = Arc::new(Index::new(IndexConfig { jump: 8, ..IndexConfig::new(4) }));
     let workers: Vec<WorkerId> = (0..WORKERS as u64).map(|i| WorkerId::new(i + 1, 0)).collect();
     let scripts: Vec<Arc<Vec<(Event, u32)>>> = workers.iter().map(|&w| Arc::new(script(w))).collect();
     let applied: Arc<Vec<AtomicUsize>> = Arc::new((0..WORKERS).map(|_| AtomicUsize::new(0)).collect());

@@ -177,7 +177,7 @@ fn random_query(rng: &mut Rng) -> Vec<u64> {
 fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
     let mut rng = Rng(seed);
     let workers: Vec<WorkerId> = (0..worker_count).map(|i| WorkerId::new(i / 3, (i % 3) as u32)).collect();
-    let ix = Index::new(IndexConfig { block_size: 4, jump, depth_max: 0 });
+    let ix = Index::new(IndexConfig { jump, ..IndexConfig::new(4) });
     let mut model = Model::default();
     let mut next_hash = 0u64;
     for step in 0..steps {
@@ -208,7 +208,7 @@ fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
             assert_eq!(ix.stats().entries, ix.table_keys(), "every entry has exactly one slot");
         }
         if step % 2000 == 1999 {
-            let copy = Index::new(IndexConfig { block_size: 4, jump: 3, depth_max: 0 });
+            let copy = Index::new(IndexConfig { jump: 3, ..IndexConfig::new(4) });
             for e in ix.dump_events() {
                 assert_eq!(copy.apply(&e).unknown_parent, 0, "dump applies cleanly");
             }

@@ -1,5 +1,6 @@
 //! The HTTP API: the server loop, the routes, and the JSON codec.
 
+pub mod auth;
 pub mod codec;
 pub mod routes;
 pub mod server;

@@ -3,14 +3,15 @@
 //! without a JSON tree) and replies are written straight into the thread's
 //! scratch buffer. A failed request changes nothing.
 
+use super::auth::{AdminToken, CHALLENGE};
 use super::codec::{self, BodyError, DumpEntry};
-use super::server::{error_body, Handler, Reply, Scratch};
+use super::server::{error_body, Handler, Incoming, Reply, Scratch};
 use crate::hash::{local_hashes_into, seed_for};
 use crate::ingest::ListenerStatus;
 use crate::metrics::{HttpMetrics, Prom};
-use crate::recovery::Peers;
+use crate::recovery::{PeerAdded, Peers, PEERS_MAX};
 use crate::registry::{RegisterArgs, Registry, RegistryError, TENANT_DEFAULT};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// When the daemon may say it is ready.
@@ -41,6 +42,10 @@ pub struct Api {
     pub peers: Arc<Peers>,
     pub readiness: Arc<Readiness>,
     pub metrics: Arc<HttpMetrics>,
+    /// When set, mutating endpoints need it as a bearer token.
+    pub admin_token: Option<AdminToken>,
+    /// Requests refused for a missing or wrong admin token.
+    pub auth_refused: AtomicU64,
 }
 
 fn ok_status(out: &mut Vec<u8>) {
@@ -225,8 +230,13 @@ impl Api {
             Err(e) => return body_error(&mut s.out, e),
         };
         if add {
-            if self.peers.add(url.clone()) {
-                crate::info!("peer {url} registered");
+            match self.peers.add(url.clone()) {
+                PeerAdded::Added => crate::info!("peer {url} registered"),
+                PeerAdded::AlreadyKnown => {}
+                PeerAdded::Full => {
+                    let m = format!("{PEERS_MAX} peers are registered already; deregister one first");
+                    return fail(&mut s.out, 409, &m);
+                }
             }
             ok_status(&mut s.out);
             Reply::json(201)
@@ -258,14 +268,21 @@ impl Api {
         let mut p = Prom::default();
         self.metrics.render(&mut p);
         crate::daemon::render_state_metrics(&mut p, &self.registry, &self.readiness);
+        p.single(
+            "kv_indexer_auth_refused_total",
+            "counter",
+            "Mutating requests refused for a missing or wrong admin token.",
+            self.auth_refused.load(Ordering::Relaxed) as f64,
+        );
         s.out.clear();
         s.out.extend_from_slice(p.text.as_bytes());
-        Reply { status: 200, content_type: "text/plain; version=0.0.4" }
+        Reply { status: 200, content_type: "text/plain; version=0.0.4", www_authenticate: None }
     }
 }
 
 impl Handler for Api {
-    fn handle(&self, method: &str, path: &str, query: &str, body: &[u8], s: &mut Scratch) -> Reply {
+    fn handle(&self, req: &Incoming<'_>, s: &mut Scratch) -> Reply {
+        let Incoming { method, path, query, body, authorization } = *req;
         let want = match path {
             "/health" | "/metrics" | "/workers" | "/dump" | "/peers" => "GET",
             "/register" | "/unregister" | "/query" | "/query_by_hash" | "/register_peer" | "/deregister_peer" => "POST",
@@ -273,6 +290,15 @@ impl Handler for Api {
         };
         if method != want {
             return fail(&mut s.out, 405, &format!("{path} takes {want}, not {method}"));
+        }
+        let mutating = matches!(path, "/register" | "/unregister" | "/register_peer" | "/deregister_peer");
+        if let (true, Some(token)) = (mutating, &self.admin_token) {
+            if let Err(e) = token.check(authorization) {
+                self.auth_refused.fetch_add(1, Ordering::Relaxed);
+                let mut reply = fail(&mut s.out, 401, e.message());
+                reply.www_authenticate = Some(CHALLENGE);
+                return reply;
+            }
         }
         match path {
             "/health" => self.health(s),

@@ -25,17 +25,31 @@ pub struct Scratch {
 pub struct Reply {
     pub status: u16,
     pub content_type: &'static str,
+    /// A `WWW-Authenticate` challenge (with a 401).
+    pub www_authenticate: Option<&'static str>,
 }
 
 impl Reply {
     pub const fn json(status: u16) -> Reply {
-        Reply { status, content_type: "application/json" }
+        Reply { status, content_type: "application/json", www_authenticate: None }
     }
 }
 
-/// Routes a request. `body` is complete and within the limit.
+/// What a handler sees of a request.
+pub struct Incoming<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    /// The query string, without `?`.
+    pub query: &'a str,
+    /// Complete and within the body limit.
+    pub body: &'a [u8],
+    /// The `Authorization` header, if any.
+    pub authorization: Option<&'a str>,
+}
+
+/// Routes a request.
 pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, method: &str, path: &str, query: &str, body: &[u8], scratch: &mut Scratch) -> Reply;
+    fn handle(&self, req: &Incoming<'_>, scratch: &mut Scratch) -> Reply;
 }
 
 /// The running HTTP front.
@@ -68,7 +82,9 @@ impl HttpServer {
         } else {
             format!("{host}:{port}")
         };
-        let tcp = Server::http(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let listener = std::net::TcpListener::bind(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        set_nodelay(&listener).map_err(|e| format!("cannot set TCP_NODELAY on {addr}: {e}"))?;
+        let tcp = Server::from_listener(listener, None).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let local_port = tcp.server_addr().to_ip().map(|a| a.port());
         let mut servers = vec![Arc::new(tcp)];
         if let Some(path) = unix_socket {
@@ -112,9 +128,34 @@ impl HttpServer {
     }
 }
 
+/// Turns Nagle's algorithm off on the listening socket; Linux hands the
+/// setting down to every accepted connection. Without it a reply larger than
+/// tiny_http's 1 KiB write buffer leaves in two segments, and the second
+/// waits for the client's delayed ACK: about 40 ms on every such reply.
+fn set_nodelay(listener: &std::net::TcpListener) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 fn serve(server: &Server, handler: &dyn Handler, metrics: &HttpMetrics, body_limit_bytes: usize, stop: &AtomicBool) {
     let mut scratch = Scratch::default();
     let mut body = Vec::new();
+    let mut authorization = String::new();
     while !stop.load(Ordering::Relaxed) {
         let mut req = match server.recv() {
             Ok(r) => r,
@@ -125,6 +166,14 @@ fn serve(server: &Server, handler: &dyn Handler, metrics: &HttpMetrics, body_lim
         let url = req.url().to_string();
         let (path, query) = url.split_once('?').unwrap_or((url.as_str(), ""));
         let endpoint = Endpoint::of_path(path);
+        authorization.clear();
+        let has_authorization = match req.headers().iter().find(|h| h.field.equiv("Authorization")) {
+            Some(h) => {
+                authorization.push_str(h.value.as_str());
+                true
+            }
+            None => false,
+        };
         body.clear();
         let too_big = req.body_length().is_some_and(|n| n > body_limit_bytes);
         let reply = if too_big {
@@ -147,8 +196,15 @@ fn serve(server: &Server, handler: &dyn Handler, metrics: &HttpMetrics, body_lim
                     Reply::json(413)
                 }
                 Ok(_) => {
+                    let incoming = Incoming {
+                        method: &method,
+                        path,
+                        query,
+                        body: &body,
+                        authorization: has_authorization.then_some(authorization.as_str()),
+                    };
                     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        handler.handle(&method, path, query, &body, &mut scratch)
+                        handler.handle(&incoming, &mut scratch)
                     }));
                     match run {
                         Ok(r) => r,
@@ -162,14 +218,13 @@ fn serve(server: &Server, handler: &dyn Handler, metrics: &HttpMetrics, body_lim
                 }
             }
         };
-        let header = Header::from_bytes(&b"Content-Type"[..], reply.content_type.as_bytes()).expect("static header");
-        let response = Response::new(
-            StatusCode(reply.status),
-            vec![header],
-            scratch.out.as_slice(),
-            Some(scratch.out.len()),
-            None,
-        );
+        let mut headers =
+            vec![Header::from_bytes(&b"Content-Type"[..], reply.content_type.as_bytes()).expect("static header")];
+        if let Some(challenge) = reply.www_authenticate {
+            headers.push(Header::from_bytes(&b"WWW-Authenticate"[..], challenge.as_bytes()).expect("static header"));
+        }
+        let response =
+            Response::new(StatusCode(reply.status), headers, scratch.out.as_slice(), Some(scratch.out.len()), None);
         let _ = req.respond(response);
         metrics.record(endpoint, &method, reply.status, started.elapsed());
         // Keep one huge reply (a dump) from pinning memory in this thread.

@@ -12,6 +12,7 @@
 //! must arrive in per-worker order (one owner per worker). See `writer` for
 //! the state kept and `query` for the search.
 
+mod budget;
 mod chain;
 mod dump;
 mod level;
@@ -21,11 +22,14 @@ mod slab;
 mod slots;
 mod writer;
 
+pub use budget::Budget;
+
 use crate::event::{Event, EventKind, WorkerId};
 use level::Levels;
 use parking_lot::Mutex;
 use slots::PublishedSlots;
 use std::cell::RefCell;
+use std::sync::Arc;
 use writer::{Shared, Writer};
 
 /// Default positions skipped per jump; see the benchmark in README.
@@ -42,11 +46,14 @@ pub struct IndexConfig {
     pub jump: usize,
     /// Deepest position indexed; 0 picks `DEPTH_MAX_DEFAULT`.
     pub depth_max: usize,
+    /// Pairs and entries this index may take, shared with other indexes.
+    pub budget: Arc<Budget>,
 }
 
 impl IndexConfig {
+    /// Defaults for `block_size`, with a budget of its own and no cap.
     pub fn new(block_size: u32) -> Self {
-        IndexConfig { block_size, jump: 0, depth_max: 0 }
+        IndexConfig { block_size, jump: 0, depth_max: 0, budget: Arc::new(Budget::unlimited()) }
     }
 }
 
@@ -81,6 +88,8 @@ pub struct ApplyOutcome {
     pub depth_exceeded: u32,
     /// Blocks refused because the index is full (worker slots or entry ids).
     pub rejected: u32,
+    /// Blocks refused because the shared budget's cap was reached.
+    pub shed: u32,
     /// Pairs dropped by a Cleared event.
     pub cleared: u32,
 }
@@ -95,6 +104,7 @@ impl ApplyOutcome {
         self.unknown_removed += o.unknown_removed;
         self.depth_exceeded += o.depth_exceeded;
         self.rejected += o.rejected;
+        self.shed += o.shed;
         self.cleared += o.cleared;
     }
 }
@@ -134,6 +144,7 @@ impl Index {
                 slots: PublishedSlots::new(),
                 tier_pairs: Default::default(),
                 depth_max,
+                budget: cfg.budget,
             },
             writer: Mutex::new(Writer::default()),
         }
@@ -240,6 +251,15 @@ impl Index {
     pub fn table_keys(&self) -> u64 {
         let _w = self.writer.lock();
         self.shared.levels.iter().map(|l| l.keys() as u64).sum()
+    }
+}
+
+impl Drop for Index {
+    fn drop(&mut self) {
+        // What this index held is room for the others again.
+        let w = self.writer.get_mut();
+        self.shared.budget.release_pairs(w.pairs);
+        self.shared.budget.release_entries(w.slab.live() as u64);
     }
 }
 

@@ -21,7 +21,7 @@ fn dev(m: &Matches, worker: WorkerId) -> u32 {
 }
 
 fn index() -> Index {
-    Index::new(IndexConfig { block_size: 4, jump: 4, depth_max: 0 })
+    Index::new(IndexConfig { jump: 4, ..IndexConfig::new(4) })
 }
 
 #[test]
@@ -94,7 +94,7 @@ fn removing_a_middle_block_cuts_the_prefix_and_restoring_it_heals() {
 
 #[test]
 fn every_depth_is_found_by_the_jump_and_binary_search() {
-    let ix = Index::new(IndexConfig { block_size: 4, jump: 8, depth_max: 0 });
+    let ix = Index::new(IndexConfig { jump: 8, ..IndexConfig::new(4) });
     let locals: Vec<u64> = (0..70).map(|i| 500 + i).collect();
     for d in 1..=70u64 {
         let bl: Vec<(u64, u64)> = (0..d as usize).map(|i| (i as u64 + 1, locals[i])).collect();

@@ -16,6 +16,7 @@
 //! An entry with no holder is freed at once, unless it still has children
 //! (it is their structural parent); it is freed when its last child goes.
 
+use super::budget::Budget;
 use super::chain;
 use super::level::Levels;
 use super::records::Records;
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     /// Live (block, worker) pairs per tier; queries skip empty lower tiers.
     pub tier_pairs: [AtomicU64; 4],
     pub depth_max: usize,
+    /// Pairs and entries every index of the daemon may hold (see `budget`).
+    pub budget: Arc<Budget>,
 }
 
 #[derive(Default)]
@@ -68,6 +71,14 @@ struct Key {
     level: u32,
     chain: u64,
     group: u16,
+}
+
+/// Why no entry could be made for a stored block.
+enum NoEntry {
+    /// The shared budget's cap is reached: shed, for now.
+    Budget,
+    /// The index's entry ids are exhausted.
+    Full,
 }
 
 #[inline]
@@ -167,12 +178,22 @@ impl Writer {
 
     /// The entry at `key`, created (with `local`, `parent` and visible
     /// `bits`) if absent; the flag says whether it was created.
-    fn entry_at(&mut self, shared: &Shared, key: Key, local: u64, parent: u32, bits: u64) -> Option<(u32, bool)> {
+    fn entry_at(
+        &mut self,
+        shared: &Shared,
+        key: Key,
+        local: u64,
+        parent: u32,
+        bits: u64,
+    ) -> Result<(u32, bool), NoEntry> {
         let Key { tier, level, chain, group } = key;
         let guard = epoch::pin();
         let table = shared.levels[tier].get_or_create(level as usize);
         if let Some(s) = table.slot(chain, group as u32, &guard) {
-            return Some((s.id(), false));
+            return Ok((s.id(), false));
+        }
+        if !shared.budget.take_entry() {
+            return Err(NoEntry::Budget);
         }
         let entry = Entry {
             chain,
@@ -186,7 +207,10 @@ impl Writer {
             group,
             tier: tier as u8,
         };
-        let id = self.slab.alloc(entry)?;
+        let Some(id) = self.slab.alloc(entry) else {
+            shared.budget.release_entries(1);
+            return Err(NoEntry::Full);
+        };
         table.insert(chain, group as u32, id, bits, &guard);
         if parent != NIL {
             let head = self.slab.get(parent).first_child;
@@ -196,7 +220,7 @@ impl Writer {
             self.slab.get_mut(id).next_sibling = head;
             self.slab.get_mut(parent).first_child = id;
         }
-        Some((id, true))
+        Ok((id, true))
     }
 
     /// Frees `id` and then its ancestors while they have no holder and no child.
@@ -219,6 +243,7 @@ impl Writer {
                 self.slab.get_mut(e.next_sibling).prev_sibling = e.prev_sibling;
             }
             self.slab.free(id);
+            shared.budget.release_entries(1);
             id = e.parent;
         }
     }
@@ -326,9 +351,30 @@ impl Writer {
             let mut visible_now = tier != DEVICE || parent_reached;
             let key = Key { tier, level, chain, group };
             let bits = if visible_now && !reuse { bit } else { 0 };
-            let Some((id, created)) = self.entry_at(shared, key, b.local_hash, parent_id, bits) else {
-                out.rejected += (blocks.len() - k) as u32;
-                break;
+            // Room for the new pair first (an alias gives it back below), so
+            // at the cap nothing is allocated for a block that is refused.
+            let entry = if shared.budget.take_pair() {
+                self.entry_at(shared, key, b.local_hash, parent_id, bits).inspect_err(|_| {
+                    shared.budget.release_pairs(1);
+                })
+            } else {
+                Err(NoEntry::Budget)
+            };
+            let (id, created) = match entry {
+                Ok(found) => found,
+                Err(why) => {
+                    if reuse {
+                        // The engine reused the hash for content we cannot
+                        // place: the old block is gone all the same.
+                        self.remove_pair(shared, slot, tier, b.engine_hash);
+                    }
+                    let rest = (blocks.len() - k) as u32;
+                    match why {
+                        NoEntry::Budget => out.shed += rest,
+                        NoEntry::Full => out.rejected += rest,
+                    }
+                    break;
+                }
             };
             // Same block under a second engine hash of this worker: an alias.
             let alias = !created && self.slab.get(id).held & bit != 0;
@@ -341,6 +387,7 @@ impl Writer {
             }
             self.state(slot).records[tier].insert(b.engine_hash, id);
             if alias {
+                shared.budget.release_pairs(1);
                 *self.state(slot).aliases.entry(id).or_insert(0) += 1;
                 out.duplicate += 1;
                 if tier == DEVICE {
@@ -427,6 +474,7 @@ impl Writer {
             return true;
         }
         self.pairs -= 1;
+        shared.budget.release_pairs(1);
         shared.tier_pairs[tier].fetch_sub(1, Ordering::Relaxed);
         if tier == DEVICE {
             if self.visible(shared, id, bit) {
@@ -492,6 +540,7 @@ impl Writer {
             dropped += records.len() as u64;
         }
         self.pairs -= dropped;
+        shared.budget.release_pairs(dropped);
         let st = self.state(slot);
         st.detached = 0;
         st.aliases = FxHashMap::default();

@@ -1,0 +1,45 @@
+//! Bounds on what the control plane can make the daemon keep: (model,
+//! tenant) indexes and registered peers.
+
+mod support;
+
+use kv_indexer::index::Budget;
+use kv_indexer::ingest::{Ingest, IngestConfig};
+use kv_indexer::recovery::PEERS_MAX;
+use kv_indexer::registry::{Registry, RegistryError, INDEXES_MAX};
+use serde_json::json;
+use std::sync::Arc;
+use support::daemon::Daemon;
+
+#[test]
+fn indexes_stop_at_their_limit_and_existing_ones_still_serve() {
+    let cfg = IngestConfig { listener_threads: 1, shard_threads: 1, pin_threads: false, ..IngestConfig::default() };
+    let ingest = Arc::new(Ingest::start(cfg).unwrap());
+    let registry = Registry::new(ingest.clone(), 0, Arc::new(Budget::unlimited()));
+    for i in 0..INDEXES_MAX {
+        registry.index_or_create(&format!("model-{i}"), "t", 16).unwrap();
+    }
+    let refused = registry.index_or_create("one-too-many", "t", 16).err().expect("refused past the limit");
+    assert!(matches!(&refused, RegistryError::Conflict(m) if m.contains(&INDEXES_MAX.to_string())), "{refused:?}");
+    assert!(registry.index("one-too-many", "t").is_none(), "nothing was created");
+    assert!(registry.index_or_create("model-7", "t", 16).is_ok(), "existing indexes are still found");
+    assert_eq!(registry.indexes().len(), INDEXES_MAX);
+    ingest.shutdown();
+}
+
+#[test]
+fn peers_stop_at_their_limit() {
+    let d = Daemon::start(&[]);
+    for i in 0..PEERS_MAX {
+        let (status, v) = d.post_json("/register_peer", json!({"url": format!("http://127.0.0.1:{}", 1000 + i)}));
+        assert_eq!(status, 201, "{v}");
+    }
+    let (status, v) = d.post_json("/register_peer", json!({"url": "http://127.0.0.1:9"}));
+    assert_eq!(status, 409, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("deregister one"), "{v}");
+    assert_eq!(d.get_json("/peers").1.as_array().unwrap().len(), PEERS_MAX);
+    // A known one is still accepted (nothing to add), and room frees up.
+    assert_eq!(d.post_json("/register_peer", json!({"url": "http://127.0.0.1:1000"})).0, 201);
+    assert_eq!(d.post_json("/deregister_peer", json!({"url": "http://127.0.0.1:1000"})).0, 200);
+    assert_eq!(d.post_json("/register_peer", json!({"url": "http://127.0.0.1:9"})).0, 201);
+}
