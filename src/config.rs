@@ -136,7 +136,7 @@ OPTIONS:
   --min-initial-workers N  not ready until N workers are registered
                            (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
   --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)
-  --peer-timeout-ms N      timeout of a peer dump request (default 10000)
+  --peer-timeout-ms N      timeout of a whole peer dump request (default 10000)
   --max-pairs N            cap on live (block, worker) pairs over all indexes; past it new
                            blocks are refused and counted, never guessed (default 134217728;
                            0: no cap)
