@@ -1,0 +1,120 @@
+//! Runs a backend over a series of offered rates, one fresh index per run.
+//!
+//! Each run builds the backend's events outside timing, resets the peak RSS,
+//! replays, records memory, and checks the drained index against the mock
+//! engines. An automatic sweep starts at an 8 s window and doubles the rate
+//! until two runs in a row fail to keep up (or the window gets too short).
+
+use super::backend::Backend;
+use super::mem::{reset_peak, rss};
+use super::replay::{prepare, replay, DriverConfig};
+use super::report::{sustainable, RunRecord};
+use super::verify::verify;
+use super::workload::Workload;
+
+/// Window of the first run of an automatic sweep.
+pub const AUTO_FIRST_WINDOW_S: f64 = 8.0;
+/// Shortest window an automatic sweep runs.
+pub const AUTO_WINDOW_MIN_S: f64 = 0.01;
+/// Most runs in one sweep.
+pub const SWEEP_RUNS_MAX: usize = 24;
+
+/// Which offered rates to run.
+#[derive(Clone, Debug)]
+pub enum Rates {
+    /// These block-op rates, in order.
+    Fixed(Vec<f64>),
+    /// Doubling from an 8 s window until saturation.
+    Auto,
+}
+
+/// Parses "250K,1M,2.5M" into block ops/s.
+pub fn parse_rates(s: &str) -> Result<Vec<f64>, String> {
+    s.split(',')
+        .map(|part| {
+            let p = part.trim();
+            let (num, mult) = match p.chars().last() {
+                Some('K' | 'k') => (&p[..p.len() - 1], 1e3),
+                Some('M' | 'm') => (&p[..p.len() - 1], 1e6),
+                Some('G' | 'g') => (&p[..p.len() - 1], 1e9),
+                _ => (p, 1.0),
+            };
+            num.parse::<f64>()
+                .ok()
+                .map(|v| v * mult)
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| format!("bad rate {p:?}: want e.g. 500K or 2M"))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|v| {
+            if v.is_empty() || v.len() > SWEEP_RUNS_MAX {
+                Err(format!("give 1..={SWEEP_RUNS_MAX} rates"))
+            } else {
+                Ok(v)
+            }
+        })
+}
+
+/// One run at `rate` with a backend from `make`.
+pub fn run_one<B: Backend>(
+    make: &dyn Fn() -> B,
+    wl: &Workload,
+    rate: f64,
+    cfg: &DriverConfig,
+) -> RunRecord {
+    let rss_before = rss().now_bytes;
+    let backend = make();
+    let prepared = prepare(&backend, wl);
+    reset_peak();
+    let stats = replay(&backend, wl, prepared, rate, cfg);
+    let after = rss();
+    let memory = backend.memory();
+    let verdict = verify(&backend, wl);
+    for d in &verdict.details {
+        eprintln!("MISMATCH [{}]: {d}", backend.label());
+    }
+    RunRecord {
+        stats,
+        rss_before_bytes: rss_before,
+        rss_peak_bytes: after.peak_bytes,
+        rss_after_bytes: after.now_bytes,
+        memory,
+        verify_samples: verdict.samples,
+        verify_samples_with_hits: verdict.samples_with_hits,
+        mismatches: verdict.mismatches,
+        event_problems: backend.event_problems(),
+    }
+}
+
+/// Runs the sweep, calling `each` after every run.
+pub fn sweep<B: Backend>(
+    make: &dyn Fn() -> B,
+    wl: &Workload,
+    rates: &Rates,
+    cfg: &DriverConfig,
+    each: &mut dyn FnMut(&RunRecord),
+) -> Vec<RunRecord> {
+    let mut runs = Vec::new();
+    match rates {
+        Rates::Fixed(list) => {
+            for &r in list {
+                let rec = run_one(make, wl, r, cfg);
+                each(&rec);
+                runs.push(rec);
+            }
+        }
+        Rates::Auto => {
+            let ops = wl.stats.block_ops() as f64;
+            let mut r = ops / AUTO_FIRST_WINDOW_S;
+            let mut misses = 0;
+            while runs.len() < SWEEP_RUNS_MAX && ops / r >= AUTO_WINDOW_MIN_S && misses < 2 {
+                let rec = run_one(make, wl, r, cfg);
+                each(&rec);
+                misses = if sustainable(&rec) { 0 } else { misses + 1 };
+                runs.push(rec);
+                r *= 2.0;
+            }
+        }
+    }
+    runs
+}

@@ -1,0 +1,277 @@
+//! Replays a Mooncake trace through mock engines and kv-indexer's index,
+//! sweeping the offered rate, and checks the index against the engines.
+//!
+//! `cargo bench --bench trace_replay -- [--trace PATH] [--block-size 16]
+//! [--workers 64] [--gpu-blocks 16384] [--dup K] [--rates 1M,2M,...]
+//! [--json out.json] [--svg out.svg]`; see `--help`. With no argument it
+//! runs on the committed sample trace. Exits non-zero when the index
+//! disagrees with the engines on any sampled query.
+
+mod trace;
+
+use std::time::Instant;
+
+use serde_json::json;
+
+use trace::ours::Ours;
+use trace::replay::DriverConfig;
+use trace::report::{mib, print_runs, print_workload, rate, run_json, summarize, svg};
+use trace::sweep::{parse_rates, sweep, Rates};
+use trace::workload::{generate, Assign, WorkloadConfig};
+
+/// The committed sample trace, cut from the conversation trace.
+const SAMPLE_TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/benches/data/sample_trace.jsonl"
+);
+
+/// Most copies of the trace's hash space `--dup` may ask for.
+const DUP_MAX: usize = 64;
+/// Most reader or writer threads.
+const THREADS_MAX: usize = 256;
+
+const HELP: &str = "\
+trace_replay: replay a Mooncake trace through kv-indexer at swept offered rates
+
+options (defaults in brackets):
+  --trace PATH          Mooncake JSONL trace [the committed sample]
+  --block-size N        tokens per block [16]
+  --workers N           mock engines [64]
+  --gpu-blocks N        cache blocks per engine [16384]
+  --dup K               copies of the trace's hash space [1]
+  --assign HOW          round-robin | first-block | random [round-robin]
+  --decode-ms MS        decode time per output token, trace time [20]
+  --rates LIST          block ops/s, e.g. 500K,1M,2M [auto: double from an 8 s window]
+  --writers N           sticky writer threads [2]
+  --readers N           query threads [2]
+  --max-lag N           unapplied preceding events per worker a query tolerates [64]
+  --verify-samples N    queries checked against the engines [2000]
+  --seed N              engine hash seeds and random assignment [1]
+  --json PATH           write results as JSON
+  --svg PATH            draw achieved vs offered
+";
+
+struct Args {
+    trace: String,
+    cfg: WorkloadConfig,
+    dup: usize,
+    rates: Rates,
+    driver: DriverConfig,
+    writers: usize,
+    json: Option<String>,
+    svg: Option<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    use lexopt::prelude::*;
+    let mut a = Args {
+        trace: SAMPLE_TRACE.to_string(),
+        cfg: WorkloadConfig {
+            block_size: 16,
+            workers: 64,
+            gpu_blocks: 16384,
+            assign: Assign::RoundRobin,
+            decode_us_per_token: 20_000,
+            seed: 1,
+            verify_samples: 2000,
+        },
+        dup: 1,
+        rates: Rates::Auto,
+        driver: DriverConfig {
+            readers: 2,
+            max_lag_events: 64,
+        },
+        writers: 2,
+        json: None,
+        svg: None,
+    };
+    let mut p = lexopt::Parser::from_env();
+    let num = |v: std::ffi::OsString, name: &str, max: u64| -> Result<u64, String> {
+        let s = v.to_string_lossy();
+        s.parse::<u64>()
+            .ok()
+            .filter(|n| *n >= 1 && *n <= max)
+            .ok_or_else(|| format!("{name} wants an integer in 1..={max}, got {s:?}"))
+    };
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        macro_rules! val {
+            () => {
+                p.value().map_err(|e| e.to_string())
+            };
+        }
+        match arg {
+            Long("trace") => a.trace = val!()?.to_string_lossy().into_owned(),
+            Long("block-size") => a.cfg.block_size = num(val!()?, "--block-size", 65536)? as usize,
+            Long("workers") => a.cfg.workers = num(val!()?, "--workers", 65536)? as u32,
+            Long("gpu-blocks") => {
+                a.cfg.gpu_blocks = num(val!()?, "--gpu-blocks", 1 << 26)? as usize
+            }
+            Long("dup") => a.dup = num(val!()?, "--dup", DUP_MAX as u64)? as usize,
+            Long("assign") => {
+                let v = val!()?.to_string_lossy().into_owned();
+                a.cfg.assign = Assign::parse(&v).ok_or_else(|| {
+                    format!("--assign wants round-robin, first-block or random, got {v:?}")
+                })?;
+            }
+            Long("decode-ms") => {
+                let v = val!()?.to_string_lossy().into_owned();
+                let ms: f64 = v
+                    .parse()
+                    .map_err(|_| format!("--decode-ms wants a number, got {v:?}"))?;
+                if !(0.0..=10_000.0).contains(&ms) {
+                    return Err("--decode-ms wants 0..=10000".into());
+                }
+                a.cfg.decode_us_per_token = (ms * 1000.0) as u64;
+            }
+            Long("rates") => a.rates = Rates::Fixed(parse_rates(&val!()?.to_string_lossy())?),
+            Long("writers") => a.writers = num(val!()?, "--writers", THREADS_MAX as u64)? as usize,
+            Long("readers") => {
+                a.driver.readers = num(val!()?, "--readers", THREADS_MAX as u64)? as usize
+            }
+            Long("max-lag") => a.driver.max_lag_events = num(val!()?, "--max-lag", 1 << 30)?,
+            Long("verify-samples") => {
+                a.cfg.verify_samples = num(val!()?, "--verify-samples", 100_000)? as usize
+            }
+            Long("seed") => a.cfg.seed = num(val!()?, "--seed", u64::MAX)?,
+            Long("json") => a.json = Some(val!()?.to_string_lossy().into_owned()),
+            Long("svg") => a.svg = Some(val!()?.to_string_lossy().into_owned()),
+            // `cargo bench` passes --bench to every bench binary.
+            Long("bench") => {}
+            Short('h') | Long("help") => {
+                print!("{HELP}");
+                std::process::exit(0);
+            }
+            _ => return Err(format!("{}\n\n{HELP}", arg.unexpected())),
+        }
+    }
+    Ok(a)
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("trace_replay: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(args) {
+        eprintln!("trace_replay: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let requests = trace::mooncake::load(&args.trace)?;
+    let requests = trace::mooncake::duplicate(&requests, args.dup)?;
+    let t = Instant::now();
+    let wl = generate(&requests, &args.cfg)?;
+    let gen_s = t.elapsed().as_secs_f64();
+    drop(requests);
+    print_workload(&args.trace, &wl, gen_s);
+    println!(
+        "  dup {}, writers {}, readers {}, max lag {} events/worker, {} verify samples",
+        args.dup,
+        args.writers,
+        args.driver.readers,
+        args.driver.max_lag_events,
+        wl.samples.len()
+    );
+
+    let make = || Ours::new(&wl, args.writers);
+    let mut each = |r: &trace::report::RunRecord| {
+        eprintln!(
+            "  offered {:>8} -> achieved {:>8} ({:.2}s), p99 {:.1} us, mismatches {}",
+            rate(r.stats.offered_ops_per_s),
+            rate(r.stats.achieved_ops_per_s),
+            r.stats.elapsed_s,
+            r.stats.service_ns.p99 as f64 / 1e3,
+            r.mismatches
+        );
+    };
+    let runs = sweep(&make, &wl, &args.rates, &args.driver, &mut each);
+    print_runs("kv-indexer", &runs);
+    let summary = summarize(&runs);
+    println!(
+        "\nsaturation: {} block ops/s achieved (best of {} runs)",
+        rate(summary.saturation_ops_per_s),
+        runs.len()
+    );
+    match summary.sustainable.map(|i| &runs[i]) {
+        Some(r) => {
+            let s = &r.stats;
+            println!(
+                "highest sustainable offered rate {}: query p50/p99/p999 {:.1}/{:.1}/{:.1} us",
+                rate(s.offered_ops_per_s),
+                s.service_ns.p50 as f64 / 1e3,
+                s.service_ns.p99 as f64 / 1e3,
+                s.service_ns.p999 as f64 / 1e3
+            );
+            if let Some(m) = r.memory {
+                println!(
+                    "index: {} live pairs, {} bytes, {:.1} B/pair; RSS before {:.1} MiB, peak {:.1} MiB, after {:.1} MiB",
+                    m.pairs,
+                    m.bytes,
+                    if m.pairs > 0 { m.bytes as f64 / m.pairs as f64 } else { 0.0 },
+                    mib(r.rss_before_bytes),
+                    mib(r.rss_peak_bytes),
+                    mib(r.rss_after_bytes)
+                );
+            }
+        }
+        None => println!("no run kept up: lower the rates"),
+    }
+
+    if let Some(path) = &args.json {
+        let out = json!({
+            "trace": args.trace,
+            "block_size": args.cfg.block_size,
+            "workers": args.cfg.workers,
+            "gpu_blocks": args.cfg.gpu_blocks,
+            "dup": args.dup,
+            "assign": args.cfg.assign.as_str(),
+            "decode_us_per_token": args.cfg.decode_us_per_token,
+            "writers": args.writers,
+            "readers": args.driver.readers,
+            "max_lag_events": args.driver.max_lag_events,
+            "generate_s": gen_s,
+            "workload": trace::report::workload_json(&wl.stats),
+            "saturation_block_ops_per_s": summary.saturation_ops_per_s,
+            "sustainable_run": summary.sustainable,
+            "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&out).expect("json");
+        std::fs::write(path, text).map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("wrote {path}");
+    }
+    if let Some(path) = &args.svg {
+        let pts = runs
+            .iter()
+            .map(|r| (r.stats.offered_ops_per_s, r.stats.achieved_ops_per_s))
+            .collect();
+        let title = format!(
+            "kv-indexer trace replay: bs {}, {} workers, dup {}",
+            args.cfg.block_size, args.cfg.workers, args.dup
+        );
+        std::fs::write(path, svg(&title, &[("kv-indexer".into(), pts)]))
+            .map_err(|e| format!("cannot write {path}: {e}"))?;
+        println!("wrote {path}");
+    }
+
+    let problems: u64 = runs.iter().map(|r| r.event_problems).sum();
+    let mismatches: u64 = runs.iter().map(|r| r.mismatches).sum();
+    let pairs_ok = runs
+        .iter()
+        .filter_map(|r| r.memory)
+        .all(|m| m.pairs == wl.stats.live_pairs_end);
+    println!(
+        "verification: {} samples a run ({} with a cached prefix), mismatches = {mismatches}, event problems = {problems}, live pairs {}",
+        wl.samples.len(),
+        runs.first().map_or(0, |r| r.verify_samples_with_hits),
+        if pairs_ok { "match the engines" } else { "DIFFER from the engines" }
+    );
+    if mismatches > 0 || problems > 0 || !pairs_ok {
+        return Err("FAILED: the index disagrees with the mock engines (see above)".into());
+    }
+    Ok(())
+}
