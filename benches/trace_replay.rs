@@ -13,11 +13,11 @@ use std::time::Instant;
 
 use serde_json::json;
 
+use trace::args::{parse, CommonArgs, OPTIONS_HELP};
 use trace::ours::Ours;
-use trace::replay::DriverConfig;
 use trace::report::{mib, print_runs, print_workload, rate, run_json, summarize, svg};
-use trace::sweep::{parse_rates, sweep, Rates};
-use trace::workload::{generate, Assign, WorkloadConfig};
+use trace::sweep::sweep;
+use trace::workload::generate;
 
 /// The committed sample trace, cut from the conversation trace.
 const SAMPLE_TRACE: &str = concat!(
@@ -25,130 +25,12 @@ const SAMPLE_TRACE: &str = concat!(
     "/benches/data/sample_trace.jsonl"
 );
 
-/// Most copies of the trace's hash space `--dup` may ask for.
-const DUP_MAX: usize = 64;
-/// Most reader or writer threads.
-const THREADS_MAX: usize = 256;
-
-const HELP: &str = "\
-trace_replay: replay a Mooncake trace through kv-indexer at swept offered rates
-
-options (defaults in brackets):
-  --trace PATH          Mooncake JSONL trace [the committed sample]
-  --block-size N        tokens per block [16]
-  --workers N           mock engines [64]
-  --gpu-blocks N        cache blocks per engine [16384]
-  --dup K               copies of the trace's hash space [1]
-  --assign HOW          round-robin | first-block | random [round-robin]
-  --decode-ms MS        decode time per output token, trace time [20]
-  --rates LIST          block ops/s, e.g. 500K,1M,2M [auto: double from an 8 s window]
-  --writers N           sticky writer threads [2]
-  --readers N           query threads [2]
-  --max-lag N           unapplied preceding events per worker a query tolerates [64]
-  --verify-samples N    queries checked against the engines [2000]
-  --seed N              engine hash seeds and random assignment [1]
-  --json PATH           write results as JSON
-  --svg PATH            draw achieved vs offered
-";
-
-struct Args {
-    trace: String,
-    cfg: WorkloadConfig,
-    dup: usize,
-    rates: Rates,
-    driver: DriverConfig,
-    writers: usize,
-    json: Option<String>,
-    svg: Option<String>,
-}
-
-fn parse_args() -> Result<Args, String> {
-    use lexopt::prelude::*;
-    let mut a = Args {
-        trace: SAMPLE_TRACE.to_string(),
-        cfg: WorkloadConfig {
-            block_size: 16,
-            workers: 64,
-            gpu_blocks: 16384,
-            assign: Assign::RoundRobin,
-            decode_us_per_token: 20_000,
-            seed: 1,
-            verify_samples: 2000,
-        },
-        dup: 1,
-        rates: Rates::Auto,
-        driver: DriverConfig {
-            readers: 2,
-            max_lag_events: 64,
-        },
-        writers: 2,
-        json: None,
-        svg: None,
-    };
-    let mut p = lexopt::Parser::from_env();
-    let num = |v: std::ffi::OsString, name: &str, max: u64| -> Result<u64, String> {
-        let s = v.to_string_lossy();
-        s.parse::<u64>()
-            .ok()
-            .filter(|n| *n >= 1 && *n <= max)
-            .ok_or_else(|| format!("{name} wants an integer in 1..={max}, got {s:?}"))
-    };
-    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
-        macro_rules! val {
-            () => {
-                p.value().map_err(|e| e.to_string())
-            };
-        }
-        match arg {
-            Long("trace") => a.trace = val!()?.to_string_lossy().into_owned(),
-            Long("block-size") => a.cfg.block_size = num(val!()?, "--block-size", 65536)? as usize,
-            Long("workers") => a.cfg.workers = num(val!()?, "--workers", 65536)? as u32,
-            Long("gpu-blocks") => {
-                a.cfg.gpu_blocks = num(val!()?, "--gpu-blocks", 1 << 26)? as usize
-            }
-            Long("dup") => a.dup = num(val!()?, "--dup", DUP_MAX as u64)? as usize,
-            Long("assign") => {
-                let v = val!()?.to_string_lossy().into_owned();
-                a.cfg.assign = Assign::parse(&v).ok_or_else(|| {
-                    format!("--assign wants round-robin, first-block or random, got {v:?}")
-                })?;
-            }
-            Long("decode-ms") => {
-                let v = val!()?.to_string_lossy().into_owned();
-                let ms: f64 = v
-                    .parse()
-                    .map_err(|_| format!("--decode-ms wants a number, got {v:?}"))?;
-                if !(0.0..=10_000.0).contains(&ms) {
-                    return Err("--decode-ms wants 0..=10000".into());
-                }
-                a.cfg.decode_us_per_token = (ms * 1000.0) as u64;
-            }
-            Long("rates") => a.rates = Rates::Fixed(parse_rates(&val!()?.to_string_lossy())?),
-            Long("writers") => a.writers = num(val!()?, "--writers", THREADS_MAX as u64)? as usize,
-            Long("readers") => {
-                a.driver.readers = num(val!()?, "--readers", THREADS_MAX as u64)? as usize
-            }
-            Long("max-lag") => a.driver.max_lag_events = num(val!()?, "--max-lag", 1 << 30)?,
-            Long("verify-samples") => {
-                a.cfg.verify_samples = num(val!()?, "--verify-samples", 100_000)? as usize
-            }
-            Long("seed") => a.cfg.seed = num(val!()?, "--seed", u64::MAX)?,
-            Long("json") => a.json = Some(val!()?.to_string_lossy().into_owned()),
-            Long("svg") => a.svg = Some(val!()?.to_string_lossy().into_owned()),
-            // `cargo bench` passes --bench to every bench binary.
-            Long("bench") => {}
-            Short('h') | Long("help") => {
-                print!("{HELP}");
-                std::process::exit(0);
-            }
-            _ => return Err(format!("{}\n\n{HELP}", arg.unexpected())),
-        }
-    }
-    Ok(a)
-}
+const HELP_HEAD: &str =
+    "trace_replay: replay a Mooncake trace through kv-indexer at swept offered rates\n\n";
 
 fn main() {
-    let args = match parse_args() {
+    let help = format!("{HELP_HEAD}{OPTIONS_HELP}");
+    let args = match parse(SAMPLE_TRACE, &help, &mut |_, _| Ok(false)) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("trace_replay: {e}");
@@ -161,7 +43,7 @@ fn main() {
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: CommonArgs) -> Result<(), String> {
     let requests = trace::mooncake::load(&args.trace)?;
     let requests = trace::mooncake::duplicate(&requests, args.dup)?;
     let t = Instant::now();

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod args;
 pub mod backend;
 pub mod engine;
 pub mod mem;

@@ -1,9 +1,10 @@
 //! Runs a backend over a series of offered rates, one fresh index per run.
 //!
 //! Each run builds the backend's events outside timing, resets the peak RSS,
-//! replays, records memory, and checks the drained index against the mock
-//! engines. An automatic sweep starts at an 8 s window and doubles the rate
-//! until two runs in a row fail to keep up (or the window gets too short).
+//! replays, records memory (after returning freed heap pages to the OS), and
+//! checks the drained index against the mock engines. An automatic sweep
+//! starts at an 8 s window and doubles the rate until two runs in a row
+//! fail to keep up (or the window gets too short).
 
 use super::backend::Backend;
 use super::mem::{reset_peak, rss};
@@ -55,6 +56,20 @@ pub fn parse_rates(s: &str) -> Result<Vec<f64>, String> {
         })
 }
 
+/// Returns freed heap pages to the OS so RSS reflects live memory.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: glibc's malloc_trim only releases free pages; it takes no pointers.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
 /// One run at `rate` with a backend from `make`.
 pub fn run_one<B: Backend>(
     make: &dyn Fn() -> B,
@@ -62,11 +77,13 @@ pub fn run_one<B: Backend>(
     rate: f64,
     cfg: &DriverConfig,
 ) -> RunRecord {
+    trim_heap();
     let rss_before = rss().now_bytes;
     let backend = make();
     let prepared = prepare(&backend, wl);
     reset_peak();
     let stats = replay(&backend, wl, prepared, rate, cfg);
+    trim_heap();
     let after = rss();
     let memory = backend.memory();
     let verdict = verify(&backend, wl);
