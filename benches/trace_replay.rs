@@ -20,13 +20,9 @@ use trace::sweep::sweep;
 use trace::workload::generate;
 
 /// The committed sample trace, cut from the conversation trace.
-const SAMPLE_TRACE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/benches/data/sample_trace.jsonl"
-);
+const SAMPLE_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/data/sample_trace.jsonl");
 
-const HELP_HEAD: &str =
-    "trace_replay: replay a Mooncake trace through kv-indexer at swept offered rates\n\n";
+const HELP_HEAD: &str = "trace_replay: replay a Mooncake trace through kv-indexer at swept offered rates\n\n";
 
 fn main() {
     let help = format!("{HELP_HEAD}{OPTIONS_HELP}");
@@ -74,11 +70,7 @@ fn run(args: CommonArgs) -> Result<(), String> {
     let runs = sweep(&make, &wl, &args.rates, &args.driver, &mut each);
     print_runs("kv-indexer", &runs);
     let summary = summarize(&runs);
-    println!(
-        "\nsaturation: {} block ops/s achieved (best of {} runs)",
-        rate(summary.saturation_ops_per_s),
-        runs.len()
-    );
+    println!("\nsaturation: {} block ops/s achieved (best of {} runs)", rate(summary.saturation_ops_per_s), runs.len());
     match summary.sustainable.map(|i| &runs[i]) {
         Some(r) => {
             let s = &r.stats;
@@ -127,10 +119,7 @@ fn run(args: CommonArgs) -> Result<(), String> {
         println!("wrote {path}");
     }
     if let Some(path) = &args.svg {
-        let pts = runs
-            .iter()
-            .map(|r| (r.stats.offered_ops_per_s, r.stats.achieved_ops_per_s))
-            .collect();
+        let pts = runs.iter().map(|r| (r.stats.offered_ops_per_s, r.stats.achieved_ops_per_s)).collect();
         let title = format!(
             "kv-indexer trace replay: bs {}, {} workers, dup {}",
             args.cfg.block_size, args.cfg.workers, args.dup
@@ -142,10 +131,7 @@ fn run(args: CommonArgs) -> Result<(), String> {
 
     let problems: u64 = runs.iter().map(|r| r.event_problems).sum();
     let mismatches: u64 = runs.iter().map(|r| r.mismatches).sum();
-    let pairs_ok = runs
-        .iter()
-        .filter_map(|r| r.memory)
-        .all(|m| m.pairs == wl.stats.live_pairs_end);
+    let pairs_ok = runs.iter().filter_map(|r| r.memory).all(|m| m.pairs == wl.stats.live_pairs_end);
     println!(
         "verification: {} samples a run ({} with a cached prefix), mismatches = {mismatches}, event problems = {problems}, live pairs {}",
         wl.samples.len(),

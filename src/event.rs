@@ -14,10 +14,7 @@ pub struct WorkerId {
 
 impl WorkerId {
     pub const fn new(instance_id: u64, dp_rank: u32) -> Self {
-        Self {
-            instance_id,
-            dp_rank,
-        }
+        Self { instance_id, dp_rank }
     }
 }
 
@@ -38,12 +35,8 @@ pub enum StorageTier {
 
 impl StorageTier {
     /// Every tier, in query order.
-    pub const ALL: [StorageTier; 4] = [
-        StorageTier::Device,
-        StorageTier::HostPinned,
-        StorageTier::Disk,
-        StorageTier::External,
-    ];
+    pub const ALL: [StorageTier; 4] =
+        [StorageTier::Device, StorageTier::HostPinned, StorageTier::Disk, StorageTier::External];
 
     /// The name used in Dynamo's RouterEvent JSON.
     pub fn as_str(self) -> &'static str {
@@ -77,10 +70,7 @@ pub struct StoredBlock {
 pub enum EventKind {
     /// Blocks cached as a chain: `blocks[0]`'s parent is `parent` (None: the
     /// chain starts at position 0), and each later block's parent is the one before it.
-    Stored {
-        parent: Option<u64>,
-        blocks: Vec<StoredBlock>,
-    },
+    Stored { parent: Option<u64>, blocks: Vec<StoredBlock> },
     /// Blocks evicted, by engine hash.
     Removed { engine_hashes: Vec<u64> },
     /// Every block of the worker, in every tier, is gone.
@@ -96,32 +86,15 @@ pub struct Event {
 }
 
 impl Event {
-    pub fn stored(
-        worker: WorkerId,
-        tier: StorageTier,
-        parent: Option<u64>,
-        blocks: Vec<StoredBlock>,
-    ) -> Self {
-        Self {
-            worker,
-            tier,
-            kind: EventKind::Stored { parent, blocks },
-        }
+    pub fn stored(worker: WorkerId, tier: StorageTier, parent: Option<u64>, blocks: Vec<StoredBlock>) -> Self {
+        Self { worker, tier, kind: EventKind::Stored { parent, blocks } }
     }
 
     pub fn removed(worker: WorkerId, tier: StorageTier, engine_hashes: Vec<u64>) -> Self {
-        Self {
-            worker,
-            tier,
-            kind: EventKind::Removed { engine_hashes },
-        }
+        Self { worker, tier, kind: EventKind::Removed { engine_hashes } }
     }
 
     pub fn cleared(worker: WorkerId) -> Self {
-        Self {
-            worker,
-            tier: StorageTier::Device,
-            kind: EventKind::Cleared,
-        }
+        Self { worker, tier: StorageTier::Device, kind: EventKind::Cleared }
     }
 }

@@ -95,10 +95,7 @@ mod tests {
         let l = locals(&TOKENS, 4, seed_for(None, None));
         assert_eq!(l, vec![14643705804678351452, 16777012769546811212]);
         assert_eq!(seqs(&l), vec![14643705804678351452, 4945711292740353085]);
-        assert_eq!(
-            locals(&[9, 10, 11, 12], 4, BASE_SEED),
-            vec![483935686894639516]
-        );
+        assert_eq!(locals(&[9, 10, 11, 12], 4, BASE_SEED), vec![483935686894639516]);
     }
 
     #[test]

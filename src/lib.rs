@@ -3,6 +3,7 @@
 
 pub mod event;
 pub mod hash;
+pub mod index;
 
 pub use event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
 

@@ -76,16 +76,11 @@ fn engine_hashes_are_opaque_and_per_engine() {
 }
 
 fn request(t: u64, ids: &[u64], input: u32, output: u32) -> TraceRequest {
-    TraceRequest {
-        timestamp_ms: t,
-        input_tokens: input,
-        output_tokens: output,
-        hash_ids: ids.to_vec(),
-    }
+    TraceRequest { timestamp_ms: t, input_tokens: input, output_tokens: output, hash_ids: ids.to_vec() }
 }
 
-/// Replays the generated events in order into the exact model and checks
-/// every sampled query against the engines' final caches.
+/// Replays the generated events in order into the index and checks every
+/// sampled query against the engines' final caches.
 #[test]
 fn generated_events_rebuild_the_engines_caches() {
     let mut reqs = Vec::new();
@@ -110,24 +105,20 @@ fn generated_events_rebuild_the_engines_caches() {
     assert_eq!(wl.stats.query_blocks, 60 * (1400 / 16));
     assert!(wl.ops.windows(2).all(|p| p[0].t_us <= p[1].t_us));
 
-    let model = trace::naive::NaiveIndex::default();
     use trace::backend::Backend;
-    let ours = trace::ours::Ours::new(&wl, 1);
-    let mut problems = 0;
+    let ours = trace::ours::Ours::new(&wl, 2);
     for (i, op) in wl.ops.iter().enumerate() {
         if op.is_event() {
-            problems += model.apply(&ours.build_event(op, &wl, i as u64));
+            ours.submit(op.worker, ours.build_event(op, &wl, i as u64));
         }
     }
-    assert_eq!(problems, 0);
-    assert_eq!(model.pairs(), wl.stats.live_pairs_end);
+    ours.drain();
+    assert_eq!(ours.event_problems(), 0);
+    assert_eq!(ours.memory().unwrap().pairs, wl.stats.live_pairs_end);
     let mut with_hits = 0;
     for s in &wl.samples {
-        let mut got: Vec<(u32, u32)> = model
-            .find_matches(&wl.query_locals[s.start..s.start + s.len as usize])
-            .into_iter()
-            .map(|(w, d)| (w.instance_id as u32, d))
-            .collect();
+        let mut got = Vec::new();
+        ours.find_matches(&wl.query_locals[s.start..s.start + s.len as usize], &mut got);
         got.sort_unstable();
         assert_eq!(got, s.expected);
         with_hits += usize::from(!s.expected.is_empty());

@@ -72,10 +72,7 @@ pub fn parse(
         },
         dup: 1,
         rates: Rates::Auto,
-        driver: DriverConfig {
-            readers: 2,
-            max_lag_events: 64,
-        },
+        driver: DriverConfig { readers: 2, max_lag_events: 64 },
         writers: 2,
         json: None,
         svg: None,
@@ -92,11 +89,7 @@ pub fn parse(
             Long(name) => name.to_string(),
             _ => return Err(format!("{}\n\n{help}", arg.unexpected())),
         };
-        let v = p
-            .value()
-            .map_err(|e| e.to_string())?
-            .to_string_lossy()
-            .into_owned();
+        let v = p.value().map_err(|e| e.to_string())?.to_string_lossy().into_owned();
         match name.as_str() {
             "trace" => a.trace = v.clone(),
             "block-size" => a.cfg.block_size = num(&v, "--block-size", 65536)? as usize,
@@ -104,9 +97,8 @@ pub fn parse(
             "gpu-blocks" => a.cfg.gpu_blocks = num(&v, "--gpu-blocks", 1 << 26)? as usize,
             "dup" => a.dup = num(&v, "--dup", DUP_MAX as u64)? as usize,
             "assign" => {
-                a.cfg.assign = Assign::parse(&v).ok_or_else(|| {
-                    format!("--assign wants round-robin, first-block or random, got {v:?}")
-                })?
+                a.cfg.assign = Assign::parse(&v)
+                    .ok_or_else(|| format!("--assign wants round-robin, first-block or random, got {v:?}"))?
             }
             "decode-ms" => {
                 let ms: f64 = v
@@ -120,9 +112,7 @@ pub fn parse(
             "writers" => a.writers = num(&v, "--writers", THREADS_MAX as u64)? as usize,
             "readers" => a.driver.readers = num(&v, "--readers", THREADS_MAX as u64)? as usize,
             "max-lag" => a.driver.max_lag_events = num(&v, "--max-lag", 1 << 30)?,
-            "verify-samples" => {
-                a.cfg.verify_samples = num(&v, "--verify-samples", 100_000)? as usize
-            }
+            "verify-samples" => a.cfg.verify_samples = num(&v, "--verify-samples", 100_000)? as usize,
             "seed" => a.cfg.seed = num(&v, "--seed", u64::MAX)?,
             "json" => a.json = Some(v.clone()),
             "svg" => a.svg = Some(v.clone()),

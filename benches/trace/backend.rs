@@ -76,11 +76,7 @@ impl<E: Send + 'static> WriterPool<E> {
     {
         assert!(threads > 0, "at least one writer thread");
         let apply = Arc::new(apply);
-        let applied: Arc<Vec<_>> = Arc::new(
-            (0..workers)
-                .map(|_| CachePadded::new(AtomicU64::new(0)))
-                .collect(),
-        );
+        let applied: Arc<Vec<_>> = Arc::new((0..workers).map(|_| CachePadded::new(AtomicU64::new(0))).collect());
         let problems = Arc::new(AtomicU64::new(0));
         let mut senders = Vec::with_capacity(threads);
         let mut handles = Vec::with_capacity(threads);
@@ -105,9 +101,7 @@ impl<E: Send + 'static> WriterPool<E> {
         }
         Self {
             senders,
-            sent: (0..workers)
-                .map(|_| CachePadded::new(AtomicU64::new(0)))
-                .collect(),
+            sent: (0..workers).map(|_| CachePadded::new(AtomicU64::new(0))).collect(),
             applied,
             problems,
             handles,
@@ -118,9 +112,7 @@ impl<E: Send + 'static> WriterPool<E> {
     pub fn submit(&self, worker: u32, event: E) {
         self.sent[worker as usize].fetch_add(1, Ordering::Relaxed);
         let t = worker as usize % self.senders.len();
-        self.senders[t]
-            .send((worker, event))
-            .expect("writer thread is gone");
+        self.senders[t].send((worker, event)).expect("writer thread is gone");
     }
 
     /// Events of `worker` applied so far.

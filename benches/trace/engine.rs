@@ -78,13 +78,7 @@ impl MockEngine {
     /// An empty cache of `capacity_blocks` blocks whose engine hashes use `engine_seed`.
     pub fn new(capacity_blocks: usize, engine_seed: u64) -> Self {
         assert!(capacity_blocks > 0, "capacity_blocks must be at least 1");
-        Self {
-            capacity_blocks,
-            engine_seed,
-            blocks: FxHashMap::default(),
-            lru: BTreeMap::new(),
-            tick: 0,
-        }
+        Self { capacity_blocks, engine_seed, blocks: FxHashMap::default(), lru: BTreeMap::new(), tick: 0 }
     }
 
     /// Blocks cached now.
@@ -124,12 +118,8 @@ impl MockEngine {
     pub fn admit(&mut self, parent: Option<u64>, locals: &[u64], seq_hashes: &[u64]) -> Admission {
         assert_eq!(locals.len(), seq_hashes.len());
         let mut out = Admission::default();
-        let mut parent_engine = parent.map(|p| {
-            self.blocks
-                .get(&p)
-                .expect("admit: the parent block must be held by the caller")
-                .engine_hash
-        });
+        let mut parent_engine = parent
+            .map(|p| self.blocks.get(&p).expect("admit: the parent block must be held by the caller").engine_hash);
         let mut parent_key = parent;
         let mut run: Option<StoredRun> = None;
         let mut in_hit_prefix = true;
@@ -156,32 +146,13 @@ impl MockEngine {
                     break;
                 };
                 let slot = self.blocks.remove(&victim).expect("lru entry is cached");
-                out.removed.push(RemovedRec {
-                    engine_hash: slot.engine_hash,
-                    seq_hash: victim,
-                });
+                out.removed.push(RemovedRec { engine_hash: slot.engine_hash, seq_hash: victim });
             }
             let engine_hash = self.opaque_hash(parent_engine, local);
-            self.blocks.insert(
-                seq,
-                Slot {
-                    engine_hash,
-                    refs: 1,
-                    lru_tick: 0,
-                },
-            );
-            let rec = StoredRec {
-                engine_hash,
-                local_hash: local,
-                seq_hash: seq,
-            };
+            self.blocks.insert(seq, Slot { engine_hash, refs: 1, lru_tick: 0 });
+            let rec = StoredRec { engine_hash, local_hash: local, seq_hash: seq };
             let parent_pair = parent_engine.zip(parent_key);
-            run.get_or_insert_with(|| StoredRun {
-                parent: parent_pair,
-                blocks: Vec::new(),
-            })
-            .blocks
-            .push(rec);
+            run.get_or_insert_with(|| StoredRun { parent: parent_pair, blocks: Vec::new() }).blocks.push(rec);
             parent_engine = Some(engine_hash);
             parent_key = Some(seq);
         }
@@ -194,10 +165,7 @@ impl MockEngine {
     /// order); blocks left unreferenced join the LRU list tail first.
     pub fn release(&mut self, seq_hashes: &[u64]) {
         for seq in seq_hashes.iter().rev() {
-            let slot = self
-                .blocks
-                .get_mut(seq)
-                .expect("release: block must be held");
+            let slot = self.blocks.get_mut(seq).expect("release: block must be held");
             assert!(slot.refs > 0, "release: block has no reference");
             slot.refs -= 1;
             if slot.refs == 0 {

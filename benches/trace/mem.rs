@@ -24,10 +24,7 @@ pub fn rss() -> Rss {
             .and_then(|kb| kb.parse::<u64>().ok())
             .map_or(0, |kb| kb * 1024)
     };
-    Rss {
-        now_bytes: field("VmRSS:"),
-        peak_bytes: field("VmHWM:"),
-    }
+    Rss { now_bytes: field("VmRSS:"), peak_bytes: field("VmHWM:") }
 }
 
 /// Resets the peak to the current resident set (ignored where unsupported).

@@ -10,7 +10,6 @@ pub mod backend;
 pub mod engine;
 pub mod mem;
 pub mod mooncake;
-pub mod naive;
 pub mod ours;
 pub mod replay;
 pub mod report;

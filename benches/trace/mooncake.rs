@@ -56,15 +56,13 @@ pub fn load(path: &str) -> Result<Vec<TraceRequest>, String> {
         }
         line_no += 1;
         if n > TRACE_LINE_BYTES_MAX {
-            return Err(format!(
-                "{path}:{line_no}: line longer than {TRACE_LINE_BYTES_MAX} bytes"
-            ));
+            return Err(format!("{path}:{line_no}: line longer than {TRACE_LINE_BYTES_MAX} bytes"));
         }
         if line.trim().is_empty() {
             continue;
         }
-        let parsed: Line = serde_json::from_str(&line)
-            .map_err(|e| format!("{path}:{line_no}: not a Mooncake trace line: {e}"))?;
+        let parsed: Line =
+            serde_json::from_str(&line).map_err(|e| format!("{path}:{line_no}: not a Mooncake trace line: {e}"))?;
         requests.push(check(parsed).map_err(|e| format!("{path}:{line_no}: {e}"))?);
         if requests.len() > TRACE_REQUESTS_MAX {
             return Err(format!("{path}: more than {TRACE_REQUESTS_MAX} requests"));
@@ -82,10 +80,7 @@ pub fn load(path: &str) -> Result<Vec<TraceRequest>, String> {
 
 fn check(line: Line) -> Result<TraceRequest, String> {
     if line.hash_ids.is_empty() || line.hash_ids.len() > REQUEST_HASH_IDS_MAX {
-        return Err(format!(
-            "hash_ids must hold 1..={REQUEST_HASH_IDS_MAX} ids, got {}",
-            line.hash_ids.len()
-        ));
+        return Err(format!("hash_ids must hold 1..={REQUEST_HASH_IDS_MAX} ids, got {}", line.hash_ids.len()));
     }
     let covered = line.hash_ids.len() * TRACE_BLOCK_TOKENS;
     // The last id may be partial; an input_length beyond the ids is clamped
@@ -95,10 +90,7 @@ fn check(line: Line) -> Result<TraceRequest, String> {
         n => n.min(covered),
     };
     if line.output_length > OUTPUT_TOKENS_MAX as u64 {
-        return Err(format!(
-            "output_length {} exceeds {OUTPUT_TOKENS_MAX}",
-            line.output_length
-        ));
+        return Err(format!("output_length {} exceeds {OUTPUT_TOKENS_MAX}", line.output_length));
     }
     Ok(TraceRequest {
         timestamp_ms: line.timestamp,
@@ -116,19 +108,11 @@ pub fn duplicate(requests: &[TraceRequest], k: usize) -> Result<Vec<TraceRequest
         return Ok(requests.to_vec());
     }
     if requests.len().saturating_mul(k) > TRACE_REQUESTS_MAX {
-        return Err(format!(
-            "--dup {k} makes more than {TRACE_REQUESTS_MAX} requests"
-        ));
+        return Err(format!("--dup {k} makes more than {TRACE_REQUESTS_MAX} requests"));
     }
-    let max_id = requests
-        .iter()
-        .flat_map(|r| r.hash_ids.iter().copied())
-        .max()
-        .unwrap_or(0);
-    let stride = max_id
-        .checked_add(1)
-        .filter(|s| s.checked_mul(k as u64).is_some())
-        .ok_or("hash ids too large to duplicate")?;
+    let max_id = requests.iter().flat_map(|r| r.hash_ids.iter().copied()).max().unwrap_or(0);
+    let stride =
+        max_id.checked_add(1).filter(|s| s.checked_mul(k as u64).is_some()).ok_or("hash ids too large to duplicate")?;
     let mut out = Vec::with_capacity(requests.len() * k);
     for r in requests {
         for d in 0..k as u64 {

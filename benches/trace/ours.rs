@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
+use kv_indexer::index::{Index, IndexConfig};
 use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};
 
 use super::backend::{Backend, IndexMemory, WriterPool};
-use super::naive::NaiveIndex;
 use super::workload::{Op, OpKind, Workload};
 
 /// The worker id a workload worker number maps to.
@@ -16,17 +16,19 @@ pub fn worker_id(worker: u32) -> WorkerId {
 
 /// Our index behind `writers` sticky writer threads.
 pub struct Ours {
-    index: Arc<NaiveIndex>,
+    index: Arc<Index>,
     pool: WriterPool<Event>,
 }
 
 impl Ours {
     /// A fresh index for `wl`'s block size, with its writer threads.
     pub fn new(wl: &Workload, writers: usize) -> Self {
-        let index = Arc::new(NaiveIndex::default());
+        let index = Arc::new(Index::new(IndexConfig::new(wl.config.block_size as u32)));
         let apply_index = index.clone();
         let pool = WriterPool::new(writers, wl.config.workers, move |e: &Event| {
-            apply_index.apply(e)
+            let o = apply_index.apply(e);
+            // Duplicates are legal (engines may re-store); the rest means lost state.
+            (o.unknown_parent + o.unknown_removed + o.depth_exceeded + o.rejected) as u64
         });
         Self { index, pool }
     }
@@ -50,17 +52,12 @@ impl Backend for Ours {
                 parent.map(|(engine, _)| engine),
                 wl.stored[range]
                     .iter()
-                    .map(|b| StoredBlock {
-                        engine_hash: b.engine_hash,
-                        local_hash: b.local_hash,
-                    })
+                    .map(|b| StoredBlock { engine_hash: b.engine_hash, local_hash: b.local_hash })
                     .collect(),
             ),
-            OpKind::Removed => Event::removed(
-                worker,
-                StorageTier::Device,
-                wl.removed[range].iter().map(|b| b.engine_hash).collect(),
-            ),
+            OpKind::Removed => {
+                Event::removed(worker, StorageTier::Device, wl.removed[range].iter().map(|b| b.engine_hash).collect())
+            }
             OpKind::Query => unreachable!("queries are not events"),
         }
     }
@@ -85,16 +82,16 @@ impl Backend for Ours {
         out.extend(
             self.index
                 .find_matches(hashes)
-                .into_iter()
-                .map(|(w, d)| (w.instance_id as u32, d)),
+                .workers
+                .iter()
+                .filter(|m| m.device > 0)
+                .map(|m| (m.worker.instance_id as u32, m.device)),
         );
     }
 
     fn memory(&self) -> Option<IndexMemory> {
-        Some(IndexMemory {
-            pairs: self.index.pairs(),
-            bytes: 0,
-        })
+        let s = self.index.stats();
+        Some(IndexMemory { pairs: s.pairs, bytes: s.bytes })
     }
 
     fn event_problems(&self) -> u64 {

@@ -49,12 +49,7 @@ impl Percentiles {
         }
         v.sort_unstable();
         let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
-        Self {
-            p50: at(0.50),
-            p99: at(0.99),
-            p999: at(0.999),
-            max: v[v.len() - 1],
-        }
+        Self { p50: at(0.50), p99: at(0.99), p999: at(0.999), max: v[v.len() - 1] }
     }
 }
 
@@ -198,8 +193,7 @@ pub fn replay<B: Backend>(
                         stall += gate.elapsed();
                         stats.lag_stalled_queries += 1;
                     }
-                    tx.send((op.start, op.len, deadline_ns))
-                        .expect("readers are gone");
+                    tx.send((op.start, op.len, deadline_ns)).expect("readers are gone");
                 }
                 OpKind::Stored { .. } | OpKind::Removed => {
                     let event = events[i].take().expect("event built once");

@@ -43,24 +43,14 @@ pub fn sustainable(r: &RunRecord) -> bool {
 
 /// Saturation and the sustainable run of `runs`.
 pub fn summarize(runs: &[RunRecord]) -> Summary {
-    let saturation = runs
-        .iter()
-        .map(|r| r.stats.achieved_ops_per_s)
-        .fold(0.0, f64::max);
+    let saturation = runs.iter().map(|r| r.stats.achieved_ops_per_s).fold(0.0, f64::max);
     let sustainable = runs
         .iter()
         .enumerate()
         .filter(|(_, r)| sustainable(r))
-        .max_by(|a, b| {
-            a.1.stats
-                .offered_ops_per_s
-                .total_cmp(&b.1.stats.offered_ops_per_s)
-        })
+        .max_by(|a, b| a.1.stats.offered_ops_per_s.total_cmp(&b.1.stats.offered_ops_per_s))
         .map(|(i, _)| i);
-    Summary {
-        saturation_ops_per_s: saturation,
-        sustainable,
-    }
+    Summary { saturation_ops_per_s: saturation, sustainable }
 }
 
 /// Bytes as MiB.
@@ -96,13 +86,22 @@ pub fn print_workload(trace: &str, wl: &Workload, gen_s: f64) {
     );
     println!(
         "  requests {}, query blocks {}, stored blocks {} ({} events, {} from output), removed blocks {} ({} events)",
-        s.requests, s.query_blocks, s.stored_blocks, s.stored_events, s.output_blocks,
-        s.removed_blocks, s.removed_events
+        s.requests,
+        s.query_blocks,
+        s.stored_blocks,
+        s.stored_events,
+        s.output_blocks,
+        s.removed_blocks,
+        s.removed_events
     );
     println!(
         "  block ops {}, engine prefix hits {}, live pairs at end {} (max {}), shortfall blocks {}, trace span {:.1} s",
-        s.block_ops(), s.engine_hit_blocks, s.live_pairs_end, s.live_pairs_max,
-        s.shortfall_blocks, s.span_us as f64 / 1e6
+        s.block_ops(),
+        s.engine_hit_blocks,
+        s.live_pairs_end,
+        s.live_pairs_max,
+        s.shortfall_blocks,
+        s.span_us as f64 / 1e6
     );
     println!("  op stream generated in {gen_s:.2} s (not timed in runs)");
 }
@@ -131,9 +130,7 @@ pub fn print_runs(label: &str, runs: &[RunRecord]) {
         let bpp = r
             .memory
             .filter(|m| m.pairs > 0 && m.bytes > 0)
-            .map_or("-".to_string(), |m| {
-                format!("{:.1}", m.bytes as f64 / m.pairs as f64)
-            });
+            .map_or("-".to_string(), |m| format!("{:.1}", m.bytes as f64 / m.pairs as f64));
         println!(
             "{:>9} {:>9} {:>6.2} {:>5} {:>8.3} {:>9.1} {:>7} {:>7} {:>7} {:>8} {:>8.1} {:>8} {:>6}",
             rate(s.offered_ops_per_s),
@@ -210,17 +207,11 @@ pub fn svg(title: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
     const H: f64 = 480.0;
     const M: f64 = 64.0;
     const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
-    let all: Vec<f64> = series
-        .iter()
-        .flat_map(|(_, pts)| pts.iter().flat_map(|&(o, a)| [o, a]))
-        .filter(|v| *v > 0.0)
-        .collect();
+    let all: Vec<f64> =
+        series.iter().flat_map(|(_, pts)| pts.iter().flat_map(|&(o, a)| [o, a])).filter(|v| *v > 0.0).collect();
     let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(1.0);
     let hi = all.iter().copied().fold(1.0, f64::max);
-    let (l0, l1) = (
-        lo.log10().floor(),
-        hi.log10().ceil().max(lo.log10().floor() + 1.0),
-    );
+    let (l0, l1) = (lo.log10().floor(), hi.log10().ceil().max(lo.log10().floor() + 1.0));
     let x = |v: f64| M + (v.max(lo).log10() - l0) / (l1 - l0) * (W - 2.0 * M);
     let y = |v: f64| H - M - (v.max(lo).log10() - l0) / (l1 - l0) * (H - 2.0 * M);
     let mut s = String::new();
@@ -229,12 +220,7 @@ pub fn svg(title: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#,
-        W / 2.0,
-        escape(title)
-    );
+    let _ = writeln!(s, r#"<text x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#, W / 2.0, escape(title));
     // Decade grid and labels on both axes.
     let mut d = l0;
     while d <= l1 + 1e-9 {
@@ -276,22 +262,10 @@ pub fn svg(title: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
     );
     for (i, (label, pts)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let path: Vec<String> = pts
-            .iter()
-            .map(|&(o, a)| format!("{:.1},{:.1}", x(o), y(a)))
-            .collect();
-        let _ = writeln!(
-            s,
-            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
-            path.join(" ")
-        );
+        let path: Vec<String> = pts.iter().map(|&(o, a)| format!("{:.1},{:.1}", x(o), y(a))).collect();
+        let _ = writeln!(s, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#, path.join(" "));
         for &(o, a) in pts {
-            let _ = writeln!(
-                s,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{color}"/>"#,
-                x(o),
-                y(a)
-            );
+            let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{color}"/>"#, x(o), y(a));
         }
         let ly = M + 8.0 + 18.0 * i as f64;
         let _ = writeln!(
@@ -309,7 +283,5 @@ pub fn svg(title: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
 }
 
 fn escape(t: &str) -> String {
-    t.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    t.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }

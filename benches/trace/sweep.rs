@@ -71,12 +71,7 @@ fn trim_heap() {
 }
 
 /// One run at `rate` with a backend from `make`.
-pub fn run_one<B: Backend>(
-    make: &dyn Fn() -> B,
-    wl: &Workload,
-    rate: f64,
-    cfg: &DriverConfig,
-) -> RunRecord {
+pub fn run_one<B: Backend>(make: &dyn Fn() -> B, wl: &Workload, rate: f64, cfg: &DriverConfig) -> RunRecord {
     trim_heap();
     let rss_before = rss().now_bytes;
     let backend = make();

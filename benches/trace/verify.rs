@@ -27,11 +27,7 @@ pub fn verify<B: Backend>(backend: &B, wl: &Workload) -> Verdict {
     let mut hashes = Vec::new();
     for s in &wl.samples {
         hashes.clear();
-        hashes.extend(
-            wl.query_locals[s.start..s.start + s.len as usize]
-                .iter()
-                .map(|&h| B::hash(h)),
-        );
+        hashes.extend(wl.query_locals[s.start..s.start + s.len as usize].iter().map(|&h| B::hash(h)));
         got.clear();
         backend.find_matches(&hashes, &mut got);
         got.sort_unstable();

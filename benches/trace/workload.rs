@@ -242,9 +242,8 @@ pub fn generate(requests: &[TraceRequest], cfg: &WorkloadConfig) -> Result<Workl
     if cfg.gpu_blocks == 0 {
         return Err("gpu blocks must be at least 1".into());
     }
-    let engines = (0..cfg.workers)
-        .map(|w| MockEngine::new(cfg.gpu_blocks, mix64(cfg.seed ^ mix64(w as u64 + 1))))
-        .collect();
+    let engines =
+        (0..cfg.workers).map(|w| MockEngine::new(cfg.gpu_blocks, mix64(cfg.seed ^ mix64(w as u64 + 1)))).collect();
     let mut b = Builder {
         cfg: cfg.clone(),
         engines,
@@ -260,10 +259,7 @@ pub fn generate(requests: &[TraceRequest], cfg: &WorkloadConfig) -> Result<Workl
         live_pairs: 0,
     };
     let bs = cfg.block_size;
-    let samples = cfg
-        .verify_samples
-        .min(VERIFY_SAMPLES_MAX)
-        .min(requests.len());
+    let samples = cfg.verify_samples.min(VERIFY_SAMPLES_MAX).min(requests.len());
     let sample_every = requests.len().div_ceil(samples.max(1));
     let mut sample_ranges = Vec::with_capacity(samples);
 
@@ -297,15 +293,8 @@ pub fn generate(requests: &[TraceRequest], cfg: &WorkloadConfig) -> Result<Workl
 
         // The router's query comes first, then the engine's events.
         let q_start = b.wl.query_locals.len();
-        b.wl.query_locals
-            .extend_from_slice(&locals[..prompt_blocks]);
-        b.wl.ops.push(Op {
-            t_us,
-            worker,
-            kind: OpKind::Query,
-            start: q_start,
-            len: prompt_blocks as u32,
-        });
+        b.wl.query_locals.extend_from_slice(&locals[..prompt_blocks]);
+        b.wl.ops.push(Op { t_us, worker, kind: OpKind::Query, start: q_start, len: prompt_blocks as u32 });
         b.wl.stats.requests += 1;
         b.wl.stats.query_blocks += prompt_blocks as u64;
         if i % sample_every == 0 && prompt_blocks > 0 && sample_ranges.len() < samples {
@@ -318,24 +307,13 @@ pub fn generate(requests: &[TraceRequest], cfg: &WorkloadConfig) -> Result<Workl
         let held = seqs[..adm.held_blocks].to_vec();
         // Output blocks are cached only after a prompt cached in full.
         let (out_locals, out_seqs) = if adm.shortfall_blocks == 0 {
-            (
-                locals[prompt_blocks..].to_vec(),
-                seqs[prompt_blocks..].to_vec(),
-            )
+            (locals[prompt_blocks..].to_vec(), seqs[prompt_blocks..].to_vec())
         } else {
             (Vec::new(), Vec::new())
         };
         b.push_admission(t_us, worker, &adm);
         let t_end = t_us + req.output_tokens as u64 * cfg.decode_us_per_token;
-        running.insert(
-            i as u64,
-            Running {
-                worker,
-                held,
-                out_locals,
-                out_seqs,
-            },
-        );
+        running.insert(i as u64, Running { worker, held, out_locals, out_seqs });
         done_at.push(Reverse((t_end, i as u64)));
         last_t = last_t.max(t_us);
     }
@@ -358,11 +336,7 @@ pub fn generate(requests: &[TraceRequest], cfg: &WorkloadConfig) -> Result<Workl
                 (d > 0).then_some((w as u32, d as u32))
             })
             .collect();
-        b.wl.samples.push(Sample {
-            start,
-            len,
-            expected,
-        });
+        b.wl.samples.push(Sample { start, len, expected });
     }
     b.wl.stats.live_pairs_end = b.engines.iter().map(|e| e.cached_blocks() as u64).sum();
     assert_eq!(b.wl.stats.live_pairs_end, b.live_pairs, "event accounting");

@@ -1,0 +1,113 @@
+//! In-process index benchmark: query latency for a 128-block query over 64
+//! workers holding about a million (block, worker) pairs, per jump size, and
+//! single-thread apply rate. `cargo bench --bench index_query [-- --queries N]`.
+
+use kv_indexer::index::{Index, IndexConfig};
+use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};
+use std::time::Instant;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+const WORKERS: u64 = 64;
+const QUERY_BLOCKS: usize = 128;
+const PAIRS_PER_WORKER: usize = 16_000;
+
+fn build(jump: usize, rng: &mut Rng, query: &[u64]) -> (Index, f64, u64) {
+    let ix = Index::new(IndexConfig { block_size: 16, jump, depth_max: 0 });
+    let mut events = Vec::new();
+    for w in 0..WORKERS {
+        let worker = WorkerId::new(w, 0);
+        let mut h = w << 40;
+        // The query's prefix at a random depth (a quarter hold all of it).
+        let depth = if w % 4 == 0 { QUERY_BLOCKS } else { (rng.next() % QUERY_BLOCKS as u64) as usize };
+        let blocks: Vec<StoredBlock> = query[..depth]
+            .iter()
+            .map(|&l| {
+                h += 1;
+                StoredBlock { engine_hash: h, local_hash: l }
+            })
+            .collect();
+        events.push(Event::stored(worker, StorageTier::Device, None, blocks));
+        // Other conversations: chains of 64 blocks sharing a system prompt of 16.
+        let mut held = depth;
+        while held < PAIRS_PER_WORKER {
+            let mut blocks = Vec::with_capacity(64);
+            for k in 0..64u64 {
+                h += 1;
+                let local = if k < 16 { 9_000 + k } else { rng.next() };
+                blocks.push(StoredBlock { engine_hash: h, local_hash: local });
+            }
+            held += 64;
+            events.push(Event::stored(worker, StorageTier::Device, None, blocks));
+        }
+    }
+    let blocks: usize = events
+        .iter()
+        .map(|e| match &e.kind {
+            kv_indexer::EventKind::Stored { blocks, .. } => blocks.len(),
+            _ => 0,
+        })
+        .sum();
+    let t = Instant::now();
+    for e in &events {
+        ix.apply(e);
+    }
+    let rate = blocks as f64 / t.elapsed().as_secs_f64();
+    let pairs = ix.stats().pairs;
+    (ix, rate, pairs)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
+fn main() {
+    let mut queries = 200_000usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--queries" {
+            queries = args.next().and_then(|s| s.parse().ok()).expect("--queries N");
+        }
+    }
+    let mut rng = Rng(0x1234_5678);
+    let query: Vec<u64> = (0..QUERY_BLOCKS as u64).map(|i| 77_000 + i).collect();
+    println!("index_query: {WORKERS} workers, {QUERY_BLOCKS}-block query, {queries} queries per jump size");
+    println!(
+        "{:>5} {:>9} {:>9} {:>9} {:>9} {:>12} {:>10} {:>11}",
+        "jump", "p50 ns", "p99 ns", "p999 ns", "mean ns", "stores/s", "pairs", "B/pair"
+    );
+    for jump in [1, 4, 8, 16, 32, 64] {
+        let (ix, rate, pairs) = build(jump, &mut rng, &query);
+        let bytes = ix.stats().bytes;
+        let mut lat = Vec::with_capacity(queries);
+        let mut sink = 0u64;
+        for _ in 0..queries {
+            let t = Instant::now();
+            let m = ix.find_matches(&query);
+            lat.push(t.elapsed().as_nanos() as u64);
+            sink += m.workers.len() as u64;
+        }
+        assert_eq!(sink as usize, queries * ix.find_matches(&query).workers.len());
+        lat.sort_unstable();
+        let mean = lat.iter().sum::<u64>() / lat.len() as u64;
+        println!(
+            "{:>5} {:>9} {:>9} {:>9} {:>9} {:>12.0} {:>10} {:>11.1}",
+            jump,
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            percentile(&lat, 0.999),
+            mean,
+            rate,
+            pairs,
+            bytes as f64 / pairs as f64
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! Dense worker slots and the table readers use to name them.
+//!
+//! Each worker of an index gets the lowest free slot; slot `s` is bit
+//! `s % 64` of group `s / 64`. Worker sets in the index are bitsets over
+//! these slots. The writer publishes an immutable slot table on every
+//! change (copy on write, reclaimed through epochs), so a query reads a
+//! consistent table without taking a lock. A slot is only recycled after
+//! every bit it owned has been cleared.
+
+use crate::event::WorkerId;
+use crossbeam::epoch::{self, Atomic, Owned};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Bits per group: the width of the inline worker set.
+pub(crate) const GROUP_BITS: u32 = 64;
+/// Most workers one index can hold (groups are u16).
+pub(crate) const SLOTS_MAX: u32 = 1 << 16;
+
+/// Per slot of one group, a version that is odd while an event of that
+/// slot's worker is being applied and grows by two per event.
+pub(crate) type Versions = [AtomicU64; GROUP_BITS as usize];
+
+/// Slot -> worker, as seen by readers.
+#[derive(Clone, Default)]
+pub(crate) struct SlotTable {
+    pub workers: Vec<Option<WorkerId>>,
+    /// Per group, the bits of slots in use.
+    pub live: Vec<u64>,
+    /// Per group, the slots' versions (shared with the writer).
+    pub versions: Vec<Arc<Versions>>,
+}
+
+impl SlotTable {
+    pub(crate) fn groups(&self) -> usize {
+        self.live.len()
+    }
+
+    pub(crate) fn worker(&self, group: usize, bit: u32) -> Option<WorkerId> {
+        self.workers.get(group * GROUP_BITS as usize + bit as usize).copied().flatten()
+    }
+
+    /// The versions of the slots in `mask` of `group`.
+    pub(crate) fn read_versions(&self, group: usize, mut mask: u64, out: &mut [u64; GROUP_BITS as usize]) {
+        let v = &self.versions[group];
+        while mask != 0 {
+            let b = mask.trailing_zeros() as usize;
+            out[b] = v[b].load(Ordering::Acquire);
+            mask &= mask - 1;
+        }
+    }
+}
+
+/// The published slot table.
+pub(crate) struct PublishedSlots {
+    current: Atomic<SlotTable>,
+}
+
+impl PublishedSlots {
+    pub(crate) fn new() -> Self {
+        PublishedSlots { current: Atomic::new(SlotTable::default()) }
+    }
+
+    /// Runs `f` on the current table.
+    pub(crate) fn read<R>(&self, guard: &epoch::Guard, f: impl FnOnce(&SlotTable) -> R) -> R {
+        let table = self.current.load(Ordering::Acquire, guard);
+        // SAFETY: the pointer is never null (set in `new` and `publish`), and
+        // the table it points to is only destroyed after every guard pinned
+        // before its replacement is dropped.
+        f(unsafe { table.deref() })
+    }
+
+    /// Replaces the table. Only the index writer calls this.
+    pub(crate) fn publish(&self, table: SlotTable) {
+        let guard = epoch::pin();
+        let old = self.current.swap(Owned::new(table), Ordering::AcqRel, &guard);
+        // SAFETY: `old` is no longer reachable from `current`; readers that
+        // still hold it are pinned, so destruction waits for them.
+        unsafe { guard.defer_destroy(old) };
+    }
+}
+
+impl Drop for PublishedSlots {
+    fn drop(&mut self) {
+        // SAFETY: we have exclusive access; no reader can hold the pointer.
+        unsafe {
+            let table = self.current.load(Ordering::Relaxed, epoch::unprotected());
+            drop(table.into_owned());
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! Applying events: the only code that changes an index.
+//!
+//! One writer at a time per index (the index's writer lock). For each worker
+//! the writer keeps, per tier, its records (engine hash -> entry). For each
+//! entry it keeps the workers that *hold* the block (`Entry::held`). The
+//! query-visible set of a device entry is narrower: the workers that *reach*
+//! it, i.e. hold it and, recursively, its parent. Reach is what makes jump
+//! search exact: a worker in the set at position `i` holds the whole query
+//! prefix up to `i`, so skipped positions need no check.
+//!
+//! Removing a device block a worker reaches detaches the worker from every
+//! descendant it holds (they stay held, not reached); storing or re-storing
+//! the parent reattaches them. Lower tiers have no reach: their query-visible
+//! set is the held set and queries walk them position by position.
+//!
+//! An entry with no holder is freed at once, unless it still has children
+//! (it is their structural parent); it is freed when its last child goes.
+
+use super::chain;
+use super::level::Levels;
+use super::records::Records;
+use super::slab::{Entry, Slab, NIL};
+use super::slots::{PublishedSlots, SlotTable, Versions, GROUP_BITS, SLOTS_MAX};
+use super::ApplyOutcome;
+use crate::event::{StorageTier, StoredBlock, WorkerId};
+use crossbeam::epoch;
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const DEVICE: usize = StorageTier::Device as usize;
+
+/// What the writer keeps per worker slot.
+pub(crate) struct WorkerState {
+    pub id: WorkerId,
+    pub records: [Records; 4],
+    /// Device blocks the worker holds but does not reach.
+    pub detached: u64,
+    /// Records whose block the worker already held under another engine hash.
+    pub aliases: u64,
+}
+
+/// Everything shared between the writer and readers.
+pub(crate) struct Shared {
+    pub levels: [Levels; 4],
+    pub slots: PublishedSlots,
+    /// Live (block, worker) pairs per tier; queries skip empty lower tiers.
+    pub tier_pairs: [AtomicU64; 4],
+    pub depth_max: usize,
+}
+
+#[derive(Default)]
+pub(crate) struct Writer {
+    pub slab: Slab,
+    pub slot_of: FxHashMap<WorkerId, u32>,
+    pub workers: Vec<Option<WorkerState>>,
+    free_slots: BTreeSet<u32>,
+    versions: Vec<Arc<Versions>>,
+    pub pairs: u64,
+}
+
+/// Where an entry sits: tier, position, chain hash, worker group.
+#[derive(Clone, Copy)]
+struct Key {
+    tier: usize,
+    level: u32,
+    chain: u64,
+    group: u16,
+}
+
+#[inline]
+fn split(slot: u32) -> (u16, u64) {
+    ((slot / GROUP_BITS) as u16, 1u64 << (slot % GROUP_BITS))
+}
+
+impl Writer {
+    fn publish(&mut self, shared: &Shared) {
+        let groups = self.workers.len().div_ceil(GROUP_BITS as usize);
+        while self.versions.len() < groups {
+            self.versions.push(Arc::new(std::array::from_fn(|_| AtomicU64::new(0))));
+        }
+        // Versions are never dropped: a reader holding an older table must see
+        // the same counters the writer bumps.
+        let mut table = SlotTable {
+            workers: Vec::with_capacity(groups * 64),
+            live: vec![0; groups],
+            versions: self.versions[..groups].to_vec(),
+        };
+        for (slot, w) in self.workers.iter().enumerate() {
+            table.workers.push(w.as_ref().map(|w| w.id));
+            if w.is_some() {
+                table.live[slot / 64] |= 1 << (slot % 64);
+            }
+        }
+        shared.slots.publish(table);
+    }
+
+    /// The worker's slot, allocating one; None when the index is full.
+    pub(crate) fn slot(&mut self, shared: &Shared, worker: WorkerId) -> Option<u32> {
+        if let Some(&s) = self.slot_of.get(&worker) {
+            return Some(s);
+        }
+        let slot = match self.free_slots.pop_first() {
+            Some(s) => s,
+            None if (self.workers.len() as u32) < SLOTS_MAX => {
+                self.workers.push(None);
+                (self.workers.len() - 1) as u32
+            }
+            None => return None,
+        };
+        self.workers[slot as usize] =
+            Some(WorkerState { id: worker, records: Default::default(), detached: 0, aliases: 0 });
+        self.slot_of.insert(worker, slot);
+        self.publish(shared);
+        Some(slot)
+    }
+
+    /// Marks the start (odd) or end (even) of an event of the worker in `slot`.
+    pub(crate) fn bump(&self, slot: u32) {
+        let v = &self.versions[(slot / GROUP_BITS) as usize][(slot % GROUP_BITS) as usize];
+        v.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn slot_of(&self, worker: WorkerId) -> Option<u32> {
+        self.slot_of.get(&worker).copied()
+    }
+
+    fn state(&mut self, slot: u32) -> &mut WorkerState {
+        self.workers[slot as usize].as_mut().expect("slot in use")
+    }
+
+    /// The query-visible bit of `id` for `bit`.
+    fn visible(&self, shared: &Shared, id: u32, bit: u64) -> bool {
+        let e = self.slab.get(id);
+        let guard = epoch::pin();
+        let level = shared.levels[e.tier as usize].get(e.level as usize).expect("entry's level exists");
+        level.slot(e.chain, e.group as u32, &guard).is_some_and(|s| s.bits() & bit != 0)
+    }
+
+    fn set_visible(&self, shared: &Shared, id: u32, bit: u64, on: bool) {
+        let e = self.slab.get(id);
+        let guard = epoch::pin();
+        let level = shared.levels[e.tier as usize].get(e.level as usize).expect("entry's level exists");
+        let slot = level.slot(e.chain, e.group as u32, &guard).expect("entry has a slot");
+        if on {
+            slot.set(bit)
+        } else {
+            slot.clear(bit)
+        }
+    }
+
+    /// Finds the entry of a stored block's parent for this worker: the same
+    /// tier first; a lower-tier block may also hang off a block the worker
+    /// holds in another tier. A device block needs a device parent.
+    fn parent_entry(&self, slot: u32, tier: usize, engine_hash: u64) -> Option<u32> {
+        let st = self.workers[slot as usize].as_ref()?;
+        if let Some(id) = st.records[tier].get(engine_hash) {
+            return Some(id);
+        }
+        if tier == DEVICE {
+            return None;
+        }
+        (0..4).filter(|&t| t != tier).find_map(|t| st.records[t].get(engine_hash))
+    }
+
+    /// The entry at `key`, created (with `local` and `parent`) if absent.
+    fn entry_at(&mut self, shared: &Shared, key: Key, local: u64, parent: u32) -> Option<u32> {
+        let Key { tier, level, chain, group } = key;
+        let guard = epoch::pin();
+        let table = shared.levels[tier].get_or_create(level as usize);
+        if let Some(s) = table.slot(chain, group as u32, &guard) {
+            return Some(s.id());
+        }
+        let entry = Entry {
+            chain,
+            local,
+            held: 0,
+            parent,
+            level,
+            first_child: NIL,
+            next_sibling: NIL,
+            prev_sibling: NIL,
+            group,
+            tier: tier as u8,
+        };
+        let id = self.slab.alloc(entry)?;
+        table.insert(chain, group as u32, id, &guard);
+        if parent != NIL {
+            let head = self.slab.get(parent).first_child;
+            if head != NIL {
+                self.slab.get_mut(head).prev_sibling = id;
+            }
+            self.slab.get_mut(id).next_sibling = head;
+            self.slab.get_mut(parent).first_child = id;
+        }
+        Some(id)
+    }
+
+    /// Frees `id` and then its ancestors while they have no holder and no child.
+    fn reclaim(&mut self, shared: &Shared, mut id: u32) {
+        while id != NIL {
+            let e = *self.slab.get(id);
+            if e.held != 0 || e.first_child != NIL {
+                return;
+            }
+            let guard = epoch::pin();
+            let removed =
+                shared.levels[e.tier as usize].get_or_create(e.level as usize).remove(e.chain, e.group as u32, &guard);
+            debug_assert!(removed, "entry had a slot");
+            if e.prev_sibling != NIL {
+                self.slab.get_mut(e.prev_sibling).next_sibling = e.next_sibling;
+            } else if e.parent != NIL {
+                self.slab.get_mut(e.parent).first_child = e.next_sibling;
+            }
+            if e.next_sibling != NIL {
+                self.slab.get_mut(e.next_sibling).prev_sibling = e.prev_sibling;
+            }
+            self.slab.free(id);
+            id = e.parent;
+        }
+    }
+
+    /// Makes `id` reached by `bit`, then every held-but-detached device descendant.
+    fn attach(&mut self, shared: &Shared, slot: u32, id: u32, bit: u64) {
+        self.set_visible(shared, id, bit, true);
+        if self.state(slot).detached == 0 {
+            return;
+        }
+        let mut stack = vec![id];
+        while let Some(p) = stack.pop() {
+            let mut c = self.slab.get(p).first_child;
+            while c != NIL {
+                let e = *self.slab.get(c);
+                if e.tier as usize == DEVICE && e.held & bit != 0 && !self.visible(shared, c, bit) {
+                    self.set_visible(shared, c, bit, true);
+                    self.state(slot).detached -= 1;
+                    stack.push(c);
+                }
+                c = e.next_sibling;
+            }
+        }
+    }
+
+    /// Withdraws reach of `bit` from every device descendant of `id`.
+    fn detach_descendants(&mut self, shared: &Shared, slot: u32, id: u32, bit: u64) {
+        let mut stack = vec![id];
+        while let Some(p) = stack.pop() {
+            let mut c = self.slab.get(p).first_child;
+            while c != NIL {
+                let e = *self.slab.get(c);
+                if e.tier as usize == DEVICE && e.held & bit != 0 && self.visible(shared, c, bit) {
+                    self.set_visible(shared, c, bit, false);
+                    self.state(slot).detached += 1;
+                    stack.push(c);
+                }
+                c = e.next_sibling;
+            }
+        }
+    }
+
+    pub(crate) fn store(
+        &mut self,
+        shared: &Shared,
+        worker: WorkerId,
+        tier: StorageTier,
+        parent: Option<u64>,
+        blocks: &[StoredBlock],
+        out: &mut ApplyOutcome,
+    ) {
+        let tier = tier as usize;
+        let Some(slot) = self.slot(shared, worker) else {
+            out.rejected += blocks.len() as u32;
+            return;
+        };
+        let (group, bit) = split(slot);
+        let (mut parent_id, mut level, mut parent_chain) = match parent {
+            None => (NIL, 0u32, None),
+            Some(h) => match self.parent_entry(slot, tier, h) {
+                Some(p) => {
+                    let e = self.slab.get(p);
+                    (p, e.level + 1, Some(e.chain))
+                }
+                None => {
+                    out.unknown_parent += blocks.len() as u32;
+                    return;
+                }
+            },
+        };
+        for (k, b) in blocks.iter().enumerate() {
+            if level as usize >= shared.depth_max {
+                out.depth_exceeded += (blocks.len() - k) as u32;
+                return;
+            }
+            let chain = parent_chain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash));
+            let previous = self.state(slot).records[tier].get(b.engine_hash);
+            if let Some(old) = previous {
+                let e = self.slab.get(old);
+                if e.chain == chain && e.level == level {
+                    out.duplicate += 1;
+                    if tier == DEVICE && !self.visible(shared, old, bit) && self.parent_reached(shared, parent_id, bit)
+                    {
+                        self.state(slot).detached -= 1;
+                        self.attach(shared, slot, old, bit);
+                    }
+                    parent_id = old;
+                    parent_chain = Some(chain);
+                    level += 1;
+                    continue;
+                }
+            }
+            let Some(id) = self.entry_at(shared, Key { tier, level, chain, group }, b.local_hash, parent_id) else {
+                out.rejected += (blocks.len() - k) as u32;
+                return;
+            };
+            // Same block under a second engine hash of this worker: an alias.
+            let alias = self.slab.get(id).held & bit != 0;
+            // Holding the new entry first pins it (and its parent) against the
+            // reclaim below, which may free the old block and its ancestors.
+            self.slab.get_mut(id).held |= bit;
+            if previous.is_some() {
+                // The engine reused a hash for other content: the old block is gone.
+                self.remove_pair(shared, slot, tier, b.engine_hash);
+            }
+            self.state(slot).records[tier].insert(b.engine_hash, id);
+            if alias {
+                self.state(slot).aliases += 1;
+                out.duplicate += 1;
+                parent_id = id;
+                parent_chain = Some(chain);
+                level += 1;
+                continue;
+            }
+            self.pairs += 1;
+            shared.tier_pairs[tier].fetch_add(1, Ordering::Relaxed);
+            if tier != DEVICE {
+                self.set_visible(shared, id, bit, true);
+            } else if self.parent_reached(shared, parent_id, bit) {
+                self.attach(shared, slot, id, bit);
+            } else {
+                self.state(slot).detached += 1;
+            }
+            out.stored += 1;
+            parent_id = id;
+            parent_chain = Some(chain);
+            level += 1;
+        }
+    }
+
+    fn parent_reached(&self, shared: &Shared, parent_id: u32, bit: u64) -> bool {
+        parent_id == NIL || self.visible(shared, parent_id, bit)
+    }
+
+    /// Drops one (block, worker) pair; false if the worker has no such block.
+    pub(crate) fn remove_pair(&mut self, shared: &Shared, slot: u32, tier: usize, engine_hash: u64) -> bool {
+        let Some(id) = self.state(slot).records[tier].remove(engine_hash) else {
+            return false;
+        };
+        let (_, bit) = split(slot);
+        let st = self.state(slot);
+        if st.aliases > 0 && st.records[tier].iter().any(|(_, other)| other == id) {
+            st.aliases -= 1;
+            return true;
+        }
+        self.pairs -= 1;
+        shared.tier_pairs[tier].fetch_sub(1, Ordering::Relaxed);
+        if tier == DEVICE {
+            if self.visible(shared, id, bit) {
+                self.set_visible(shared, id, bit, false);
+                self.detach_descendants(shared, slot, id, bit);
+            } else {
+                self.state(slot).detached -= 1;
+            }
+        } else {
+            self.set_visible(shared, id, bit, false);
+        }
+        self.slab.get_mut(id).held &= !bit;
+        self.reclaim(shared, id);
+        true
+    }
+
+    pub(crate) fn remove(
+        &mut self,
+        shared: &Shared,
+        worker: WorkerId,
+        tier: StorageTier,
+        hashes: &[u64],
+        out: &mut ApplyOutcome,
+    ) {
+        let Some(&slot) = self.slot_of.get(&worker) else {
+            out.unknown_removed += hashes.len() as u32;
+            return;
+        };
+        for &h in hashes {
+            if self.remove_pair(shared, slot, tier as usize, h) {
+                out.removed += 1;
+            } else {
+                out.unknown_removed += 1;
+            }
+        }
+    }
+
+    /// Drops every block of the worker; returns how many pairs went.
+    pub(crate) fn clear(&mut self, shared: &Shared, worker: WorkerId) -> u64 {
+        let Some(&slot) = self.slot_of.get(&worker) else {
+            return 0;
+        };
+        let (_, bit) = split(slot);
+        let mut dropped = 0;
+        for tier in 0..4 {
+            let mut records = self.state(slot).records[tier].take();
+            if self.state(slot).aliases > 0 {
+                records.sort_unstable_by_key(|&(_, id)| id);
+                records.dedup_by_key(|&mut (_, id)| id);
+            }
+            // Clear every bit first so no cascade walks blocks about to go anyway.
+            for &(_, id) in &records {
+                self.set_visible(shared, id, bit, false);
+                self.slab.get_mut(id).held &= !bit;
+            }
+            for &(_, id) in &records {
+                // An earlier reclaim may already have freed it as an ancestor.
+                if self.slab.is_live(id) {
+                    self.reclaim(shared, id);
+                }
+            }
+            shared.tier_pairs[tier].fetch_sub(records.len() as u64, Ordering::Relaxed);
+            dropped += records.len() as u64;
+        }
+        self.pairs -= dropped;
+        let st = self.state(slot);
+        st.detached = 0;
+        st.aliases = 0;
+        dropped
+    }
+
+    /// Clears the worker and recycles its slot.
+    pub(crate) fn remove_worker(&mut self, shared: &Shared, worker: WorkerId) -> bool {
+        let Some(slot) = self.slot_of(worker) else {
+            return false;
+        };
+        self.bump(slot);
+        self.clear(shared, worker);
+        self.bump(slot);
+        let slot = self.slot_of.remove(&worker).expect("checked above");
+        self.workers[slot as usize] = None;
+        self.free_slots.insert(slot);
+        while matches!(self.workers.last(), Some(None)) {
+            self.workers.pop();
+            self.free_slots.remove(&(self.workers.len() as u32));
+        }
+        if self.workers.len() * 4 < self.workers.capacity() {
+            self.workers.shrink_to_fit();
+        }
+        self.publish(shared);
+        true
+    }
+
+    pub(crate) fn records_bytes(&self) -> usize {
+        self.workers
+            .iter()
+            .flatten()
+            .map(|w| w.records.iter().map(Records::bytes).sum::<usize>() + std::mem::size_of::<WorkerState>())
+            .sum::<usize>()
+            + self.workers.capacity() * std::mem::size_of::<Option<WorkerState>>()
+    }
+}
