@@ -3,8 +3,8 @@
 //! Each run builds the backend's events outside timing, resets the peak RSS,
 //! replays, records memory (after returning freed heap pages to the OS), and
 //! checks the drained index against the mock engines. An automatic sweep
-//! starts at an 8 s window and doubles the rate until two runs in a row
-//! fail to keep up (or the window gets too short).
+//! starts at an 8 s window, halves the rate until a run keeps up, then
+//! doubles it from the start until two runs in a row fail to keep up.
 
 use super::backend::Backend;
 use super::mem::{reset_peak, rss};
@@ -15,6 +15,8 @@ use super::workload::Workload;
 
 /// Window of the first run of an automatic sweep.
 pub const AUTO_FIRST_WINDOW_S: f64 = 8.0;
+/// Longest window an automatic sweep runs when it steps down.
+pub const AUTO_WINDOW_MAX_S: f64 = 64.0;
 /// Shortest window an automatic sweep runs.
 pub const AUTO_WINDOW_MIN_S: f64 = 0.01;
 /// Most runs in one sweep.
@@ -117,15 +119,28 @@ pub fn sweep<B: Backend>(
         }
         Rates::Auto => {
             let ops = wl.stats.block_ops() as f64;
-            let mut r = ops / AUTO_FIRST_WINDOW_S;
-            let mut misses = 0;
-            while runs.len() < SWEEP_RUNS_MAX && ops / r >= AUTO_WINDOW_MIN_S && misses < 2 {
+            let first = ops / AUTO_FIRST_WINDOW_S;
+            let mut run = |r: f64, runs: &mut Vec<RunRecord>| {
                 let rec = run_one(make, wl, r, cfg);
                 each(&rec);
-                misses = if sustainable(&rec) { 0 } else { misses + 1 };
+                let ok = sustainable(&rec);
                 runs.push(rec);
+                ok
+            };
+            // Down from the first window until a run keeps up, then up until two fail.
+            let mut r = first;
+            let mut ok = run(r, &mut runs);
+            while !ok && runs.len() < SWEEP_RUNS_MAX && ops / (r / 2.0) <= AUTO_WINDOW_MAX_S {
+                r /= 2.0;
+                ok = run(r, &mut runs);
+            }
+            let mut r = first * 2.0;
+            let mut misses = usize::from(!sustainable(&runs[0]));
+            while runs.len() < SWEEP_RUNS_MAX && ops / r >= AUTO_WINDOW_MIN_S && misses < 2 {
+                misses = if run(r, &mut runs) { 0 } else { misses + 1 };
                 r *= 2.0;
             }
+            runs.sort_by(|a, b| a.stats.offered_ops_per_s.total_cmp(&b.stats.offered_ops_per_s));
         }
     }
     runs

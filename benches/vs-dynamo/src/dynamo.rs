@@ -30,8 +30,7 @@ use dynamo_kv_router::protocols::{
     KvCacheStoredBlockData, WorkerWithDpRank,
 };
 use dynamo_kv_router::{
-    ConcurrentRadixTreeCompressed, LocalBlockHash, PositionalIndexer, RouterEvent, SyncIndexer,
-    ThreadPoolIndexer,
+    ConcurrentRadixTreeCompressed, LocalBlockHash, PositionalIndexer, RouterEvent, SyncIndexer, ThreadPoolIndexer,
 };
 
 use crate::trace::backend::{Backend, IndexMemory};
@@ -71,35 +70,17 @@ pub struct Dynamo<T: SyncIndexer> {
 
 /// The radix tree over opaque engine hashes.
 pub fn radix(wl: &Workload, threads: usize) -> Dynamo<ConcurrentRadixTreeCompressed> {
-    Dynamo::new(
-        "dynamo-radix",
-        Hashes::Engine,
-        ConcurrentRadixTreeCompressed::new(),
-        wl,
-        threads,
-    )
+    Dynamo::new("dynamo-radix", Hashes::Engine, ConcurrentRadixTreeCompressed::new(), wl, threads)
 }
 
 /// The radix tree over opaque hashes equal across engines.
 pub fn radix_shared(wl: &Workload, threads: usize) -> Dynamo<ConcurrentRadixTreeCompressed> {
-    Dynamo::new(
-        "dynamo-radix-shared",
-        Hashes::SharedEngine,
-        ConcurrentRadixTreeCompressed::new(),
-        wl,
-        threads,
-    )
+    Dynamo::new("dynamo-radix-shared", Hashes::SharedEngine, ConcurrentRadixTreeCompressed::new(), wl, threads)
 }
 
 /// The positional index over Dynamo-chain sequence hashes.
 pub fn positional(wl: &Workload, threads: usize) -> Dynamo<PositionalIndexer> {
-    Dynamo::new(
-        "dynamo-positional",
-        Hashes::Sequence,
-        PositionalIndexer::new(POSITIONAL_JUMP),
-        wl,
-        threads,
-    )
+    Dynamo::new("dynamo-positional", Hashes::Sequence, PositionalIndexer::new(POSITIONAL_JUMP), wl, threads)
 }
 
 fn poll_once(f: &mut Marker) -> bool {
@@ -113,11 +94,7 @@ impl<T: SyncIndexer> Dynamo<T> {
         Self {
             label: label.into(),
             hashes,
-            pool: Arc::new(ThreadPoolIndexer::new(
-                backend,
-                threads,
-                wl.config.block_size as u32,
-            )),
+            pool: Arc::new(ThreadPoolIndexer::new(backend, threads, wl.config.block_size as u32)),
             sent: (0..workers).map(|_| AtomicU64::new(0)).collect(),
             known_applied: (0..workers).map(|_| AtomicU64::new(0)).collect(),
             markers: Mutex::new((0..workers).map(|_| VecDeque::new()).collect()),
@@ -157,21 +134,11 @@ impl<T: SyncIndexer> Backend for Dynamo<T> {
                     .collect(),
             }),
             OpKind::Removed => KvCacheEventData::Removed(KvCacheRemoveData {
-                block_hashes: wl.removed[range]
-                    .iter()
-                    .map(|b| self.hash_of(b.engine_hash, b.seq_hash))
-                    .collect(),
+                block_hashes: wl.removed[range].iter().map(|b| self.hash_of(b.engine_hash, b.seq_hash)).collect(),
             }),
             OpKind::Query => unreachable!("queries are not events"),
         };
-        RouterEvent::new(
-            op.worker as u64,
-            KvCacheEvent {
-                event_id,
-                data,
-                dp_rank: 0,
-            },
-        )
+        RouterEvent::new(op.worker as u64, KvCacheEvent { event_id, data, dp_rank: 0 })
     }
 
     fn hash(local: u64) -> LocalBlockHash {
@@ -179,17 +146,13 @@ impl<T: SyncIndexer> Backend for Dynamo<T> {
     }
 
     fn submit(&self, worker: u32, event: RouterEvent) {
-        self.pool
-            .enqueue_event(event)
-            .expect("Dynamo's indexer is offline");
+        self.pool.enqueue_event(event).expect("Dynamo's indexer is offline");
         let n = self.sent[worker as usize].fetch_add(1, Ordering::Relaxed) + 1;
         if n.is_multiple_of(MARKER_EVERY_EVENTS) {
             let pool = self.pool.clone();
             let lane = WorkerWithDpRank::new(worker as u64, 0);
             let mut marker: Marker = Box::pin(async move {
-                pool.flush_worker_lane_and_wait(lane)
-                    .await
-                    .expect("flush marker");
+                pool.flush_worker_lane_and_wait(lane).await.expect("flush marker");
             });
             // The first poll queues the marker behind this event.
             if poll_once(&mut marker) {
@@ -231,13 +194,7 @@ impl<T: SyncIndexer> Backend for Dynamo<T> {
 
     fn find_matches(&self, hashes: &[LocalBlockHash], out: &mut Vec<(u32, u32)>) {
         let scores = self.pool.backend().find_matches(hashes, false);
-        out.extend(
-            scores
-                .scores
-                .iter()
-                .filter(|(_, d)| **d > 0)
-                .map(|(w, d)| (w.worker_id as u32, *d)),
-        );
+        out.extend(scores.scores.iter().filter(|(_, d)| **d > 0).map(|(w, d)| (w.worker_id as u32, *d)));
     }
 
     fn memory(&self) -> Option<IndexMemory> {

@@ -23,12 +23,7 @@ use trace::sweep::sweep;
 use trace::workload::generate;
 
 const SAMPLE_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/sample_trace.jsonl");
-const BACKENDS: [&str; 4] = [
-    "kv-indexer",
-    "dynamo-radix",
-    "dynamo-radix-shared",
-    "dynamo-positional",
-];
+const BACKENDS: [&str; 4] = ["kv-indexer", "dynamo-radix", "dynamo-radix-shared", "dynamo-positional"];
 /// Most repetitions of the three-backend cycle.
 const REPEAT_MAX: usize = 50;
 
@@ -113,10 +108,7 @@ fn child(name: &str, args: &CommonArgs, out: Option<&str>) -> Result<(), String>
 }
 
 fn spawn(args: &CommonArgs, name: &str, rep: usize) -> Result<Value, String> {
-    let out = std::env::temp_dir().join(format!(
-        "vs-dynamo-{}-{name}-{rep}.json",
-        std::process::id()
-    ));
+    let out = std::env::temp_dir().join(format!("vs-dynamo-{}-{name}-{rep}.json", std::process::id()));
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let status = Command::new(exe)
         .args(&args.raw)
@@ -160,28 +152,15 @@ struct Figures {
 
 fn figures(v: &Value, common_rate: Option<f64>, live_pairs: f64) -> Figures {
     let runs = v["runs"].as_array().cloned().unwrap_or_default();
-    let saturation = runs
-        .iter()
-        .map(|r| f(r, "achieved_block_ops_per_s"))
-        .fold(0.0, f64::max);
-    let at = common_rate.and_then(|rate| {
-        runs.iter()
-            .find(|r| (f(r, "offered_block_ops_per_s") - rate).abs() < 1e-6 * rate)
-    });
-    let lat = |k: &str| {
-        at.map_or(0.0, |r| {
-            r["query_service_ns"][k].as_f64().unwrap_or(0.0) / 1e3
-        })
-    };
+    let saturation = runs.iter().map(|r| f(r, "achieved_block_ops_per_s")).fold(0.0, f64::max);
+    let at =
+        common_rate.and_then(|rate| runs.iter().find(|r| (f(r, "offered_block_ops_per_s") - rate).abs() < 1e-6 * rate));
+    let lat = |k: &str| at.map_or(0.0, |r| r["query_service_ns"][k].as_f64().unwrap_or(0.0) / 1e3);
     let mem_run = at.or(runs.first());
     let (idx_bpp, rss_bpp, peak) = mem_run.map_or((None, 0.0, 0.0), |r| {
         let bytes = r["index_bytes"].as_f64().filter(|b| *b > 0.0);
         let delta = f(r, "rss_after_bytes") - f(r, "rss_before_bytes");
-        (
-            bytes.map(|b| b / live_pairs.max(1.0)),
-            delta / live_pairs.max(1.0),
-            f(r, "rss_peak_bytes") / (1 << 20) as f64,
-        )
+        (bytes.map(|b| b / live_pairs.max(1.0)), delta / live_pairs.max(1.0), f(r, "rss_peak_bytes") / (1 << 20) as f64)
     });
     Figures {
         saturation,
@@ -191,10 +170,7 @@ fn figures(v: &Value, common_rate: Option<f64>, live_pairs: f64) -> Figures {
         index_bytes_per_pair: idx_bpp,
         rss_bytes_per_pair: rss_bpp,
         rss_peak_mib: peak,
-        mismatches: runs
-            .iter()
-            .map(|r| r["mismatches"].as_u64().unwrap_or(0))
-            .sum(),
+        mismatches: runs.iter().map(|r| r["mismatches"].as_u64().unwrap_or(0)).sum(),
     }
 }
 
@@ -215,10 +191,7 @@ fn common_sustainable_rate(results: &[Value]) -> Option<f64> {
     sets[0]
         .iter()
         .copied()
-        .filter(|r| {
-            sets.iter()
-                .all(|s| s.iter().any(|x| (x - r).abs() < 1e-6 * r))
-        })
+        .filter(|r| sets.iter().all(|s| s.iter().any(|x| (x - r).abs() < 1e-6 * r)))
         .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))
 }
 
@@ -251,18 +224,13 @@ fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
     let w = &per_rep[0][0]["workload"];
     println!(
         "\nworkload: {} requests, {} query blocks, {} stored, {} removed, {} block ops, {} live pairs at end",
-        w["requests"], w["query_blocks"], w["stored_blocks"], w["removed_blocks"], w["block_ops"],
-        w["live_pairs_end"]
+        w["requests"], w["query_blocks"], w["stored_blocks"], w["removed_blocks"], w["block_ops"], w["live_pairs_end"]
     );
     println!(
         "threads: {} writers, {} readers; {repeat} repetition(s); latency at the highest rate all sustained: {}",
         args.writers,
         args.driver.readers,
-        common_rates
-            .iter()
-            .map(|r| r.map_or("none".into(), rate))
-            .collect::<Vec<_>>()
-            .join(", ")
+        common_rates.iter().map(|r| r.map_or("none".into(), rate)).collect::<Vec<_>>().join(", ")
     );
     println!(
         "\n{:<18} {:>11} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7} {:>10} {:>11} {:>9} {:>6}",
@@ -279,10 +247,7 @@ fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
         "peak MiB",
         "mism"
     );
-    println!(
-        "{:<18} {:>11} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7}",
-        "", "", "", "", "", "", "p50", "p99"
-    );
+    println!("{:<18} {:>11} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7}", "", "", "", "", "", "", "p50", "p99");
     let mut summary = Vec::new();
     for (i, name) in BACKENDS.iter().enumerate() {
         let sat = med(i, &|x| x.saturation);
@@ -323,8 +288,7 @@ fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
             "common_sustainable_rates": common_rates,
             "summary": summary, "results": per_rep,
         });
-        std::fs::write(path, serde_json::to_string_pretty(&out).expect("json"))
-            .map_err(|e| format!("{path}: {e}"))?;
+        std::fs::write(path, serde_json::to_string_pretty(&out).expect("json")).map_err(|e| format!("{path}: {e}"))?;
         println!("wrote {path}");
     }
     if let Some(path) = &args.svg {
@@ -335,20 +299,13 @@ fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .map(|r| {
-                        (
-                            f(r, "offered_block_ops_per_s"),
-                            f(r, "achieved_block_ops_per_s"),
-                        )
-                    })
+                    .map(|r| (f(r, "offered_block_ops_per_s"), f(r, "achieved_block_ops_per_s")))
                     .collect();
                 (v["backend"].as_str().unwrap_or("?").to_string(), pts)
             })
             .collect();
-        let title = format!(
-            "trace replay: kv-indexer vs Dynamo ({} writers, {} readers)",
-            args.writers, args.driver.readers
-        );
+        let title =
+            format!("trace replay: kv-indexer vs Dynamo ({} writers, {} readers)", args.writers, args.driver.readers);
         std::fs::write(path, svg(&title, &series)).map_err(|e| format!("{path}: {e}"))?;
         println!("wrote {path}");
     }
