@@ -81,6 +81,13 @@ fn run(args: CommonArgs) -> Result<(), String> {
                 s.service_ns.p99 as f64 / 1e3,
                 s.service_ns.p999 as f64 / 1e3
             );
+            let q = &r.quiet_service_ns;
+            println!(
+                "same lookups on the drained index, one thread, no writers: p50/p99/p999 {:.1}/{:.1}/{:.1} us",
+                q.p50 as f64 / 1e3,
+                q.p99 as f64 / 1e3,
+                q.p999 as f64 / 1e3
+            );
             if let Some(m) = r.memory {
                 println!(
                     "index: {} live pairs, {} bytes, {:.1} B/pair; RSS before {:.1} MiB, peak {:.1} MiB, after {:.1} MiB",

@@ -149,26 +149,29 @@ pub fn replay<B: Backend>(
     let (mut service, mut e2e) = std::thread::scope(|s| {
         let hashes = &hashes;
         let handles: Vec<_> = (0..readers)
-            .map(|_| {
+            .map(|r| {
                 let rx = rx.clone();
-                s.spawn(move || {
-                    let mut service = Vec::with_capacity(per_reader);
-                    let mut e2e = Vec::with_capacity(per_reader);
-                    let mut out = Vec::new();
-                    for (q_start, len, deadline_ns) in rx {
-                        let q = &hashes[q_start..q_start + len as usize];
-                        let a = Instant::now();
-                        out.clear();
-                        backend.find_matches(q, &mut out);
-                        let b = Instant::now();
-                        if service.len() < per_reader {
-                            service.push((b - a).as_nanos() as u64);
-                            let since_start = (b - start).as_nanos() as u64;
-                            e2e.push(since_start.saturating_sub(deadline_ns));
+                let reader = std::thread::Builder::new().name(format!("reader-{r}"));
+                reader
+                    .spawn_scoped(s, move || {
+                        let mut service = Vec::with_capacity(per_reader);
+                        let mut e2e = Vec::with_capacity(per_reader);
+                        let mut out = Vec::new();
+                        for (q_start, len, deadline_ns) in rx {
+                            let q = &hashes[q_start..q_start + len as usize];
+                            let a = Instant::now();
+                            out.clear();
+                            backend.find_matches(q, &mut out);
+                            let b = Instant::now();
+                            if service.len() < per_reader {
+                                service.push((b - a).as_nanos() as u64);
+                                let since_start = (b - start).as_nanos() as u64;
+                                e2e.push(since_start.saturating_sub(deadline_ns));
+                            }
                         }
-                    }
-                    (service, e2e)
-                })
+                        (service, e2e)
+                    })
+                    .expect("spawn reader thread")
             })
             .collect();
         drop(rx);

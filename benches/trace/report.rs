@@ -24,6 +24,8 @@ pub struct RunRecord {
     pub verify_samples_with_hits: u64,
     pub mismatches: u64,
     pub event_problems: u64,
+    /// Lookup time of the verification queries on the drained, quiet index.
+    pub quiet_service_ns: Percentiles,
 }
 
 /// The headline figures of a sweep.
@@ -179,6 +181,7 @@ pub fn run_json(r: &RunRecord) -> Value {
         "verify_samples_with_hits": r.verify_samples_with_hits,
         "mismatches": r.mismatches,
         "event_problems": r.event_problems,
+        "quiet_query_service_ns": percentiles_json(&r.quiet_service_ns),
     })
 }
 

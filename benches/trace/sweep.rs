@@ -97,6 +97,7 @@ pub fn run_one<B: Backend>(make: &dyn Fn() -> B, wl: &Workload, rate: f64, cfg: 
         verify_samples_with_hits: verdict.samples_with_hits,
         mismatches: verdict.mismatches,
         event_problems: backend.event_problems(),
+        quiet_service_ns: verdict.quiet_service_ns,
     }
 }
 

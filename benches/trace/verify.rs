@@ -4,7 +4,10 @@
 //! of the trace; after a drained replay the index must give the same set of
 //! (worker, depth) pairs. Any difference is a mismatch.
 
+use std::time::Instant;
+
 use super::backend::Backend;
+use super::replay::Percentiles;
 use super::workload::Workload;
 
 /// Most mismatches described in detail.
@@ -18,6 +21,8 @@ pub struct Verdict {
     pub samples_with_hits: u64,
     pub mismatches: u64,
     pub details: Vec<String>,
+    /// Lookup time of the sampled queries on the drained, quiet index.
+    pub quiet_service_ns: Percentiles,
 }
 
 /// Queries every sample and compares with the engines' depths.
@@ -25,11 +30,14 @@ pub fn verify<B: Backend>(backend: &B, wl: &Workload) -> Verdict {
     let mut v = Verdict::default();
     let mut got = Vec::new();
     let mut hashes = Vec::new();
+    let mut times = Vec::with_capacity(wl.samples.len());
     for s in &wl.samples {
         hashes.clear();
         hashes.extend(wl.query_locals[s.start..s.start + s.len as usize].iter().map(|&h| B::hash(h)));
         got.clear();
+        let t = Instant::now();
         backend.find_matches(&hashes, &mut got);
+        times.push(t.elapsed().as_nanos() as u64);
         got.sort_unstable();
         v.samples += 1;
         v.samples_with_hits += u64::from(!s.expected.is_empty());
@@ -45,5 +53,6 @@ pub fn verify<B: Backend>(backend: &B, wl: &Workload) -> Verdict {
             }
         }
     }
+    v.quiet_service_ns = Percentiles::of(&mut times);
     v
 }
