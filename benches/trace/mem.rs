@@ -3,6 +3,25 @@
 //! `VmRSS` is the resident set now, `VmHWM` its peak; writing `5` to
 //! /proc/self/clear_refs resets the peak so each run measures its own.
 //! Elsewhere every figure reads 0.
+//!
+//! A binary with a counting global allocator can also install a probe of
+//! its live heap bytes (`set_heap_probe`); a run then reports the heap its
+//! index holds, which RSS cannot isolate (freed pages the allocator keeps
+//! get reused by the index without showing up as growth).
+
+use std::sync::OnceLock;
+
+static HEAP_PROBE: OnceLock<fn() -> i64> = OnceLock::new();
+
+/// Installs the live-heap probe (first call wins).
+pub fn set_heap_probe(probe: fn() -> i64) {
+    let _ = HEAP_PROBE.set(probe);
+}
+
+/// Live heap bytes, when a probe is installed.
+pub fn heap_live() -> Option<i64> {
+    HEAP_PROBE.get().map(|p| p())
+}
 
 /// Resident set size now and its peak since the last reset, in bytes.
 #[derive(Copy, Clone, Debug, Default)]

@@ -26,6 +26,8 @@ pub struct RunRecord {
     pub event_problems: u64,
     /// Lookup time of the verification queries on the drained, quiet index.
     pub quiet_service_ns: Percentiles,
+    /// Heap bytes the backend holds after draining (with a heap probe only).
+    pub heap_bytes: Option<i64>,
 }
 
 /// The headline figures of a sweep.
@@ -182,6 +184,7 @@ pub fn run_json(r: &RunRecord) -> Value {
         "mismatches": r.mismatches,
         "event_problems": r.event_problems,
         "quiet_query_service_ns": percentiles_json(&r.quiet_service_ns),
+        "heap_bytes": r.heap_bytes,
     })
 }
 
@@ -215,8 +218,9 @@ pub fn svg(title: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
     let lo = all.iter().copied().fold(f64::INFINITY, f64::min).max(1.0);
     let hi = all.iter().copied().fold(1.0, f64::max);
     let (l0, l1) = (lo.log10().floor(), hi.log10().ceil().max(lo.log10().floor() + 1.0));
-    let x = |v: f64| M + (v.max(lo).log10() - l0) / (l1 - l0) * (W - 2.0 * M);
-    let y = |v: f64| H - M - (v.max(lo).log10() - l0) / (l1 - l0) * (H - 2.0 * M);
+    let floor = 10f64.powf(l0);
+    let x = |v: f64| M + (v.max(floor).log10() - l0) / (l1 - l0) * (W - 2.0 * M);
+    let y = |v: f64| H - M - (v.max(floor).log10() - l0) / (l1 - l0) * (H - 2.0 * M);
     let mut s = String::new();
     let _ = writeln!(
         s,

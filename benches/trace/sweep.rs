@@ -7,7 +7,7 @@
 //! doubles it from the start until two runs in a row fail to keep up.
 
 use super::backend::Backend;
-use super::mem::{reset_peak, rss};
+use super::mem::{heap_live, reset_peak, rss};
 use super::replay::{prepare, replay, DriverConfig};
 use super::report::{sustainable, RunRecord};
 use super::verify::verify;
@@ -76,12 +76,14 @@ fn trim_heap() {
 pub fn run_one<B: Backend>(make: &dyn Fn() -> B, wl: &Workload, rate: f64, cfg: &DriverConfig) -> RunRecord {
     trim_heap();
     let rss_before = rss().now_bytes;
+    let heap_before = heap_live();
     let backend = make();
     let prepared = prepare(&backend, wl);
     reset_peak();
     let stats = replay(&backend, wl, prepared, rate, cfg);
     trim_heap();
     let after = rss();
+    let heap_bytes = heap_live().zip(heap_before).map(|(a, b)| a - b);
     let memory = backend.memory();
     let verdict = verify(&backend, wl);
     for d in &verdict.details {
@@ -98,6 +100,7 @@ pub fn run_one<B: Backend>(make: &dyn Fn() -> B, wl: &Workload, rate: f64, cfg: 
         mismatches: verdict.mismatches,
         event_problems: backend.event_problems(),
         quiet_service_ns: verdict.quiet_service_ns,
+        heap_bytes,
     }
 }
 

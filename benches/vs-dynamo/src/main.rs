@@ -12,6 +12,10 @@
 mod trace;
 
 mod dynamo;
+mod heap;
+
+#[global_allocator]
+static ALLOCATOR: heap::Counting = heap::Counting;
 
 use std::process::Command;
 
@@ -35,6 +39,8 @@ extra options:
   --backend NAME        run one backend only (kv-indexer, dynamo-radix, dynamo-radix-shared,
                         dynamo-positional)
   --child-out PATH      (with --backend) where to write that run's JSON
+  --heap 1              (with --backend) count heap bytes (slows the run; for memory only)
+  --from PATH           print the table of a saved --json result instead of running
 
 ";
 
@@ -43,11 +49,15 @@ fn main() {
     let mut backend = None;
     let mut child_out = None;
     let mut repeat = 1usize;
+    let mut from = None;
+    let mut heap_child = false;
     let parsed = parse(SAMPLE_TRACE, &help, &mut |name, v| {
         match name {
             "backend" if BACKENDS.contains(&v) => backend = Some(v.to_string()),
             "backend" => return Err(format!("--backend wants one of {BACKENDS:?}")),
             "child-out" => child_out = Some(v.to_string()),
+            "from" => from = Some(v.to_string()),
+            "heap" => heap_child = v == "1",
             "repeat" => {
                 repeat = v
                     .parse()
@@ -59,9 +69,13 @@ fn main() {
         }
         Ok(true)
     });
+    if heap_child {
+        heap::enable();
+        trace::mem::set_heap_probe(heap::live);
+    }
     let result = parsed.and_then(|args| match backend {
         Some(b) => child(&b, &args, child_out.as_deref()),
-        None => parent(&args, repeat),
+        None => parent(&args, repeat, from.as_deref()),
     });
     if let Err(e) = result {
         eprintln!("vs-dynamo: {e}");
@@ -107,11 +121,12 @@ fn child(name: &str, args: &CommonArgs, out: Option<&str>) -> Result<(), String>
     Ok(())
 }
 
-fn spawn(args: &CommonArgs, name: &str, rep: usize) -> Result<Value, String> {
+fn spawn(args: &CommonArgs, name: &str, rep: usize, extra: &[&str]) -> Result<Value, String> {
     let out = std::env::temp_dir().join(format!("vs-dynamo-{}-{name}-{rep}.json", std::process::id()));
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let status = Command::new(exe)
         .args(&args.raw)
+        .args(extra)
         .args(["--backend", name, "--child-out"])
         .arg(&out)
         .status()
@@ -174,42 +189,82 @@ fn figures(v: &Value, common_rate: Option<f64>, live_pairs: f64) -> Figures {
     }
 }
 
-/// The highest offered rate every backend sustained in this repetition.
-fn common_sustainable_rate(results: &[Value]) -> Option<f64> {
+/// The offered rate at which latencies are compared in one repetition: the
+/// highest rate every backend sustained that is at most half the lowest
+/// saturation (a comfortable load for all, as Dynamo's bench advises), else
+/// the highest rate every backend sustained.
+fn comparison_rate(results: &[Value]) -> Option<f64> {
+    let runs = |v: &Value| v["runs"].as_array().cloned().unwrap_or_default();
     let sets: Vec<Vec<f64>> = results
         .iter()
         .map(|v| {
-            v["runs"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            runs(v)
+                .iter()
                 .filter(|r| r["sustainable"].as_bool() == Some(true))
                 .map(|r| f(r, "offered_block_ops_per_s"))
                 .collect()
         })
         .collect();
-    sets[0]
+    let common: Vec<f64> =
+        sets[0].iter().copied().filter(|r| sets.iter().all(|s| s.iter().any(|x| (x - r).abs() < 1e-6 * r))).collect();
+    let lowest_saturation = results
         .iter()
-        .copied()
-        .filter(|r| sets.iter().all(|s| s.iter().any(|x| (x - r).abs() < 1e-6 * r)))
-        .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))))
+        .map(|v| runs(v).iter().map(|r| f(r, "achieved_block_ops_per_s")).fold(0.0, f64::max))
+        .fold(f64::INFINITY, f64::min);
+    let highest =
+        |it: &mut dyn Iterator<Item = f64>| it.fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+    highest(&mut common.iter().copied().filter(|r| *r <= 0.5 * lowest_saturation))
+        .or_else(|| highest(&mut common.iter().copied()))
 }
 
-fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
-    let mut per_rep: Vec<Vec<Value>> = Vec::new();
-    for rep in 0..repeat {
-        let mut results = Vec::new();
-        for name in BACKENDS {
-            eprintln!("== repetition {}/{repeat}: {name}", rep + 1);
-            results.push(spawn(args, name, rep)?);
+fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), String> {
+    let per_rep: Vec<Vec<Value>> = match from {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+            let saved: Value = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+            serde_json::from_value(saved["results"].clone()).map_err(|e| format!("{path}: no results: {e}"))?
         }
-        per_rep.push(results);
+        None => {
+            let mut per_rep = Vec::new();
+            for rep in 0..repeat {
+                let mut results = Vec::new();
+                for name in BACKENDS {
+                    eprintln!("== repetition {}/{repeat}: {name}", rep + 1);
+                    results.push(spawn(args, name, rep, &[])?);
+                }
+                per_rep.push(results);
+            }
+            per_rep
+        }
+    };
+    // One more child per backend counts heap bytes; its timing is not used,
+    // so it replays as fast as the backend can.
+    let heap: Vec<Value> = match from {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+            let saved: Value = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+            saved["heap"].as_array().cloned().unwrap_or_default()
+        }
+        None => {
+            let mut heap = Vec::new();
+            for name in BACKENDS {
+                eprintln!("== heap count: {name}");
+                let extra = ["--rates", "1G", "--verify-samples", "100", "--heap", "1"];
+                heap.push(spawn(args, name, usize::MAX, &extra)?);
+            }
+            heap
+        }
+    };
+    let heap_bytes = |i: usize| heap.get(i).and_then(|v| v["runs"][0]["heap_bytes"].as_f64());
+    if per_rep.is_empty() || per_rep.iter().any(|r| r.len() != BACKENDS.len()) {
+        return Err(format!("expected {} backends in every repetition", BACKENDS.len()));
     }
+    let repeat = per_rep.len();
     let live_pairs = f(&per_rep[0][0]["workload"], "live_pairs_end");
     let mut rows: Vec<Vec<Figures>> = (0..BACKENDS.len()).map(|_| Vec::new()).collect();
     let mut common_rates = Vec::new();
     for results in &per_rep {
-        let common = common_sustainable_rate(results);
+        let common = comparison_rate(results);
         common_rates.push(common);
         for (i, v) in results.iter().enumerate() {
             rows[i].push(figures(v, common, live_pairs));
@@ -226,14 +281,16 @@ fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
         "\nworkload: {} requests, {} query blocks, {} stored, {} removed, {} block ops, {} live pairs at end",
         w["requests"], w["query_blocks"], w["stored_blocks"], w["removed_blocks"], w["block_ops"], w["live_pairs_end"]
     );
+    let options = match from {
+        Some(path) => format!("as saved in {path}"),
+        None => format!("{} writers, {} readers, {}", args.writers, args.driver.readers, args.raw.join(" ")),
+    };
     println!(
-        "threads: {} writers, {} readers; {repeat} repetition(s); latency at the highest rate all sustained: {}",
-        args.writers,
-        args.driver.readers,
+        "options: {options}; {repeat} repetition(s); latencies at (per repetition): {}",
         common_rates.iter().map(|r| r.map_or("none".into(), rate)).collect::<Vec<_>>().join(", ")
     );
     println!(
-        "\n{:<18} {:>11} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7} {:>10} {:>11} {:>9} {:>6}",
+        "\n{:<18} {:>11} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7} {:>10} {:>11} {:>11} {:>9} {:>6}",
         "backend",
         "sat ops/s",
         "ours/x",
@@ -243,6 +300,7 @@ fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
         "x/ours",
         "x/ours",
         "idx B/pair",
+        "heap B/pair",
         "RSS B/pair",
         "peak MiB",
         "mism"
@@ -256,10 +314,11 @@ fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
         let p999 = med(i, &|x| x.p999_us);
         let rss = med(i, &|x| x.rss_bytes_per_pair);
         let idx = rows[i][0].index_bytes_per_pair;
+        let heap_bpp = heap_bytes(i).map(|b| b / live_pairs.max(1.0));
         let peak = med(i, &|x| x.rss_peak_mib);
         let mism: u64 = rows[i].iter().map(|x| x.mismatches).sum();
         println!(
-            "{:<18} {:>11} {:>7.2} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>10} {:>11.1} {:>9.1} {:>6}",
+            "{:<18} {:>11} {:>7.2} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>10} {:>11} {:>11.1} {:>9.1} {:>6}",
             name,
             rate(sat),
             ours_sat / sat,
@@ -269,6 +328,7 @@ fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
             p50 / ours_p50,
             p99 / ours_p99,
             idx.map_or("-".into(), |b| format!("{b:.1}")),
+            heap_bpp.map_or("-".into(), |b| format!("{b:.1}")),
             rss,
             peak,
             mism
@@ -276,17 +336,22 @@ fn parent(args: &CommonArgs, repeat: usize) -> Result<(), String> {
         summary.push(json!({
             "backend": name, "saturation_block_ops_per_s": sat, "saturation_ratio_ours_over": ours_sat / sat,
             "query_p50_us": p50, "query_p99_us": p99, "query_p999_us": p999,
-            "index_bytes_per_pair": idx, "rss_bytes_per_pair": rss,
+            "index_bytes_per_pair": idx, "heap_bytes_per_pair": heap_bpp, "rss_bytes_per_pair": rss,
             "rss_ratio_over_ours": rss / ours_rss, "rss_peak_mib": peak, "mismatches": mism,
         }));
     }
-    println!("(ours/x: our saturation over theirs; x/ours: their latency over ours; medians over repetitions)");
+    println!(
+        "(ours/x: our saturation over theirs; x/ours: their latency over ours; medians over repetitions;\n \
+         idx: the index's own accounting; heap: heap bytes held after draining, counted by the allocator;\n \
+         RSS: resident growth over the run, skewed by pages the allocator reuses)"
+    );
 
     if let Some(path) = &args.json {
         let out = json!({
-            "trace": args.trace, "options": args.raw, "repeat": repeat,
-            "common_sustainable_rates": common_rates,
-            "summary": summary, "results": per_rep,
+            "trace": args.trace, "writers": args.writers, "readers": args.driver.readers,
+            "options": args.raw, "repeat": repeat,
+            "comparison_rates": common_rates,
+            "summary": summary, "results": per_rep, "heap": heap,
         });
         std::fs::write(path, serde_json::to_string_pretty(&out).expect("json")).map_err(|e| format!("{path}: {e}"))?;
         println!("wrote {path}");
