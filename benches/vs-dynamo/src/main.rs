@@ -271,9 +271,11 @@ fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), St
         }
     }
     let med = |i: usize, g: &dyn Fn(&Figures) -> f64| median(rows[i].iter().map(g).collect());
+    // Latencies exist only in repetitions that had a comparison rate.
+    let med_lat = |i: usize, g: &dyn Fn(&Figures) -> f64| median(rows[i].iter().map(g).filter(|v| *v > 0.0).collect());
     let ours_sat = med(0, &|x| x.saturation);
-    let ours_p50 = med(0, &|x| x.p50_us);
-    let ours_p99 = med(0, &|x| x.p99_us);
+    let ours_p50 = med_lat(0, &|x| x.p50_us);
+    let ours_p99 = med_lat(0, &|x| x.p99_us);
     let ours_rss = med(0, &|x| x.rss_bytes_per_pair);
 
     let w = &per_rep[0][0]["workload"];
@@ -309,9 +311,9 @@ fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), St
     let mut summary = Vec::new();
     for (i, name) in BACKENDS.iter().enumerate() {
         let sat = med(i, &|x| x.saturation);
-        let p50 = med(i, &|x| x.p50_us);
-        let p99 = med(i, &|x| x.p99_us);
-        let p999 = med(i, &|x| x.p999_us);
+        let p50 = med_lat(i, &|x| x.p50_us);
+        let p99 = med_lat(i, &|x| x.p99_us);
+        let p999 = med_lat(i, &|x| x.p999_us);
         let rss = med(i, &|x| x.rss_bytes_per_pair);
         let idx = rows[i][0].index_bytes_per_pair;
         let heap_bpp = heap_bytes(i).map(|b| b / live_pairs.max(1.0));
