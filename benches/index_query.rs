@@ -20,7 +20,9 @@ const WORKERS: u64 = 64;
 const QUERY_BLOCKS: usize = 128;
 const PAIRS_PER_WORKER: usize = 16_000;
 
-fn build(jump: usize, rng: &mut Rng, query: &[u64]) -> (Index, f64, u64) {
+/// Builds the index; returns it, the store rate (blocks/s), the pair count,
+/// and the events, so their removal can be timed too.
+fn build(jump: usize, rng: &mut Rng, query: &[u64]) -> (Index, f64, u64, Vec<Event>) {
     let ix = Index::new(IndexConfig { block_size: 16, jump, depth_max: 0 });
     let mut events = Vec::new();
     for w in 0..WORKERS {
@@ -62,7 +64,36 @@ fn build(jump: usize, rng: &mut Rng, query: &[u64]) -> (Index, f64, u64) {
     }
     let rate = blocks as f64 / t.elapsed().as_secs_f64();
     let pairs = ix.stats().pairs;
-    (ix, rate, pairs)
+    (ix, rate, pairs, events)
+}
+
+/// Removes every stored block, tail first per event as engines evict; returns blocks/s.
+fn remove_all(ix: &Index, events: &[Event]) -> f64 {
+    let removes: Vec<Event> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            kv_indexer::EventKind::Stored { blocks, .. } => Some(Event::removed(
+                e.worker,
+                StorageTier::Device,
+                blocks.iter().rev().map(|b| b.engine_hash).collect(),
+            )),
+            _ => None,
+        })
+        .collect();
+    let n: usize = removes
+        .iter()
+        .map(|e| match &e.kind {
+            kv_indexer::EventKind::Removed { engine_hashes } => engine_hashes.len(),
+            _ => 0,
+        })
+        .sum();
+    let t = Instant::now();
+    for e in &removes {
+        ix.apply(e);
+    }
+    let rate = n as f64 / t.elapsed().as_secs_f64();
+    assert_eq!(ix.stats().pairs, 0);
+    rate
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -85,7 +116,7 @@ fn main() {
         "jump", "p50 ns", "p99 ns", "p999 ns", "mean ns", "stores/s", "pairs", "B/pair"
     );
     for jump in [1, 4, 8, 16, 32, 64] {
-        let (ix, rate, pairs) = build(jump, &mut rng, &query);
+        let (ix, rate, pairs, events) = build(jump, &mut rng, &query);
         let bytes = ix.stats().bytes;
         let mut lat = Vec::with_capacity(queries);
         let mut sink = 0u64;
@@ -98,14 +129,16 @@ fn main() {
         assert_eq!(sink as usize, queries * ix.find_matches(&query).workers.len());
         lat.sort_unstable();
         let mean = lat.iter().sum::<u64>() / lat.len() as u64;
+        let remove_rate = remove_all(&ix, &events);
         println!(
-            "{:>5} {:>9} {:>9} {:>9} {:>9} {:>12.0} {:>10} {:>11.1}",
+            "{:>5} {:>9} {:>9} {:>9} {:>9} {:>12.0} {:>12.0} {:>10} {:>8.1}",
             jump,
             percentile(&lat, 0.5),
             percentile(&lat, 0.99),
             percentile(&lat, 0.999),
             mean,
             rate,
+            remove_rate,
             pairs,
             bytes as f64 / pairs as f64
         );

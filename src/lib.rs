@@ -1,9 +1,23 @@
 //! kv-indexer: knows which KV-cache blocks every inference worker holds and
 //! answers which worker holds the longest cached prefix of a request.
 
+#[macro_use]
+pub mod log;
+pub mod config;
+pub mod daemon;
+pub mod endpoint;
 pub mod event;
 pub mod hash;
+pub mod http;
 pub mod index;
+pub mod ingest;
+pub mod metrics;
+pub mod notify;
+pub mod recovery;
+pub mod registry;
+pub mod signals;
+pub mod snapshot;
+pub mod wire;
 
 pub use event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
 

@@ -187,12 +187,21 @@ fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
             assert_eq!(ix.remove_worker(w), known, "step {step}: remove_worker {w}");
         } else {
             let e = random_event(&mut rng, &model, &workers, &mut next_hash);
+            if std::env::var_os("KV_INDEXER_MODEL_TRACE").is_some() {
+                eprintln!("step {step}: {e:?}");
+            }
             ix.apply(&e);
             model.apply(&e);
         }
         for _ in 0..3 {
             let q = random_query(&mut rng);
-            assert_eq!(sorted(ix.find_matches(&q).workers), model.find(&q), "seed {seed} step {step}: query {q:?}");
+            let (got, want) = (sorted(ix.find_matches(&q).workers), model.find(&q));
+            let diff: Vec<_> =
+                got.iter().filter(|m| !want.contains(m)).chain(want.iter().filter(|m| !got.contains(m))).collect();
+            assert!(
+                diff.is_empty(),
+                "seed {seed} step {step}: query {q:?}: differing (index's, then model's) {diff:?}"
+            );
         }
         if step % 500 == 0 {
             assert_eq!(ix.stats().pairs, model.pairs(), "seed {seed} step {step}: pairs");

@@ -206,8 +206,8 @@ impl Level {
         unsafe { self.table.load(Ordering::Acquire, guard).as_ref() }.map_or(0, |t| t.slots.len())
     }
 
-    /// Writer only: adds a key that is not present yet.
-    pub(crate) fn insert(&self, chain: u64, group: u32, id: u32, guard: &Guard) {
+    /// Writer only: adds a key that is not present yet, with worker set `bits`.
+    pub(crate) fn insert(&self, chain: u64, group: u32, id: u32, bits: u64, guard: &Guard) {
         debug_assert!(id != EMPTY);
         let len = self.len();
         let cap = self.capacity(guard);
@@ -218,7 +218,7 @@ impl Level {
         // SAFETY: writer only; just ensured non-null.
         let t = unsafe { table.deref() };
         let v = self.begin();
-        t.place(chain, group, id, 0);
+        t.place(chain, group, id, bits);
         self.end(v);
         self.len.store(len + 1, Ordering::Relaxed);
     }
@@ -354,7 +354,7 @@ mod tests {
                 assert_eq!(level.remove(chain, group, &guard), model.remove(&(chain, group)).is_some());
             } else if let std::collections::hash_map::Entry::Vacant(e) = model.entry((chain, group)) {
                 e.insert(step);
-                level.insert(chain, group, step, &guard);
+                level.insert(chain, group, step, 0, &guard);
                 level.slot(chain, group, &guard).unwrap().set(1 << (step % 64));
             }
             assert_eq!(level.len(), model.len());

@@ -145,12 +145,27 @@ impl Index {
 
     /// Applies one event. Events of one worker must be applied in order.
     pub fn apply(&self, event: &Event) -> ApplyOutcome {
-        let mut out = ApplyOutcome::default();
         let mut w = self.writer.lock();
-        // Pinned once here, nested pins in the writer are nearly free.
+        // Pinned once here; nested pins in the writer are nearly free.
         let _guard = crossbeam::epoch::pin();
+        Self::apply_locked(&mut w, &self.shared, event)
+    }
+
+    /// Applies events in order under one writer lock, reporting each
+    /// event's outcome to `seen`. Readers still see each event whole.
+    pub fn apply_all(&self, events: &[Event], mut seen: impl FnMut(&Event, &ApplyOutcome)) {
+        let mut w = self.writer.lock();
+        let _guard = crossbeam::epoch::pin();
+        for e in events {
+            let o = Self::apply_locked(&mut w, &self.shared, e);
+            seen(e, &o);
+        }
+    }
+
+    fn apply_locked(w: &mut Writer, shared: &Shared, event: &Event) -> ApplyOutcome {
+        let mut out = ApplyOutcome::default();
         let slot = match &event.kind {
-            EventKind::Stored { blocks, .. } => match w.slot(&self.shared, event.worker) {
+            EventKind::Stored { blocks, .. } => match w.slot(shared, event.worker) {
                 Some(s) => s,
                 None => {
                     out.rejected = blocks.len() as u32;
@@ -173,12 +188,10 @@ impl Index {
         w.bump(slot);
         match &event.kind {
             EventKind::Stored { parent, blocks } => {
-                w.store(&self.shared, event.worker, event.tier, *parent, blocks, &mut out)
+                w.store(shared, event.worker, event.tier, *parent, blocks, &mut out)
             }
-            EventKind::Removed { engine_hashes } => {
-                w.remove(&self.shared, event.worker, event.tier, engine_hashes, &mut out)
-            }
-            EventKind::Cleared => out.cleared = w.clear(&self.shared, event.worker) as u32,
+            EventKind::Removed { engine_hashes } => w.remove(shared, event.worker, event.tier, engine_hashes, &mut out),
+            EventKind::Cleared => out.cleared = w.clear(shared, event.worker) as u32,
         }
         w.bump(slot);
         out

@@ -37,8 +37,9 @@ pub(crate) struct WorkerState {
     pub records: [Records; 4],
     /// Device blocks the worker holds but does not reach.
     pub detached: u64,
-    /// Records whose block the worker already held under another engine hash.
-    pub aliases: u64,
+    /// Per entry the worker holds under more than one engine hash (rare:
+    /// engines name one content with one hash), how many extra hashes.
+    pub aliases: FxHashMap<u32, u32>,
 }
 
 /// Everything shared between the writer and readers.
@@ -110,7 +111,7 @@ impl Writer {
             None => return None,
         };
         self.workers[slot as usize] =
-            Some(WorkerState { id: worker, records: Default::default(), detached: 0, aliases: 0 });
+            Some(WorkerState { id: worker, records: Default::default(), detached: 0, aliases: FxHashMap::default() });
         self.slot_of.insert(worker, slot);
         self.publish(shared);
         Some(slot)
@@ -164,13 +165,14 @@ impl Writer {
         (0..4).filter(|&t| t != tier).find_map(|t| st.records[t].get(engine_hash))
     }
 
-    /// The entry at `key`, created (with `local` and `parent`) if absent.
-    fn entry_at(&mut self, shared: &Shared, key: Key, local: u64, parent: u32) -> Option<u32> {
+    /// The entry at `key`, created (with `local`, `parent` and visible
+    /// `bits`) if absent; the flag says whether it was created.
+    fn entry_at(&mut self, shared: &Shared, key: Key, local: u64, parent: u32, bits: u64) -> Option<(u32, bool)> {
         let Key { tier, level, chain, group } = key;
         let guard = epoch::pin();
         let table = shared.levels[tier].get_or_create(level as usize);
         if let Some(s) = table.slot(chain, group as u32, &guard) {
-            return Some(s.id());
+            return Some((s.id(), false));
         }
         let entry = Entry {
             chain,
@@ -185,7 +187,7 @@ impl Writer {
             tier: tier as u8,
         };
         let id = self.slab.alloc(entry)?;
-        table.insert(chain, group as u32, id, &guard);
+        table.insert(chain, group as u32, id, bits, &guard);
         if parent != NIL {
             let head = self.slab.get(parent).first_child;
             if head != NIL {
@@ -194,7 +196,7 @@ impl Writer {
             self.slab.get_mut(id).next_sibling = head;
             self.slab.get_mut(parent).first_child = id;
         }
-        Some(id)
+        Some((id, true))
     }
 
     /// Frees `id` and then its ancestors while they have no holder and no child.
@@ -287,10 +289,14 @@ impl Writer {
                 }
             },
         };
+        // Whether the worker reaches the parent; after the first block it is
+        // known from the block before, with no probe.
+        let mut parent_reached = tier != DEVICE || self.parent_reached(shared, parent_id, bit);
+        let mut added = 0u64;
         for (k, b) in blocks.iter().enumerate() {
             if level as usize >= shared.depth_max {
                 out.depth_exceeded += (blocks.len() - k) as u32;
-                return;
+                break;
             }
             let chain = parent_chain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash));
             let previous = self.state(slot).records[tier].get(b.engine_hash);
@@ -298,10 +304,13 @@ impl Writer {
                 let e = self.slab.get(old);
                 if e.chain == chain && e.level == level {
                     out.duplicate += 1;
-                    if tier == DEVICE && !self.visible(shared, old, bit) && self.parent_reached(shared, parent_id, bit)
-                    {
-                        self.state(slot).detached -= 1;
-                        self.attach(shared, slot, old, bit);
+                    if tier == DEVICE {
+                        let reached = self.visible(shared, old, bit);
+                        if !reached && parent_reached {
+                            self.state(slot).detached -= 1;
+                            self.attach(shared, slot, old, bit);
+                        }
+                        parent_reached = reached || parent_reached;
                     }
                     parent_id = old;
                     parent_chain = Some(chain);
@@ -309,41 +318,92 @@ impl Writer {
                     continue;
                 }
             }
-            let Some(id) = self.entry_at(shared, Key { tier, level, chain, group }, b.local_hash, parent_id) else {
+            // A new entry starts with the worker's bit when the worker can see it.
+            // The engine reused a hash for other content (rare): the old block
+            // goes, which may detach this block's ancestors, so visibility is
+            // decided after that removal.
+            let reuse = previous.is_some();
+            let mut visible_now = tier != DEVICE || parent_reached;
+            let key = Key { tier, level, chain, group };
+            let bits = if visible_now && !reuse { bit } else { 0 };
+            let Some((id, created)) = self.entry_at(shared, key, b.local_hash, parent_id, bits) else {
                 out.rejected += (blocks.len() - k) as u32;
-                return;
+                break;
             };
             // Same block under a second engine hash of this worker: an alias.
-            let alias = self.slab.get(id).held & bit != 0;
+            let alias = !created && self.slab.get(id).held & bit != 0;
             // Holding the new entry first pins it (and its parent) against the
             // reclaim below, which may free the old block and its ancestors.
             self.slab.get_mut(id).held |= bit;
-            if previous.is_some() {
-                // The engine reused a hash for other content: the old block is gone.
+            if reuse {
                 self.remove_pair(shared, slot, tier, b.engine_hash);
+                visible_now = tier != DEVICE || self.parent_reached(shared, parent_id, bit);
             }
             self.state(slot).records[tier].insert(b.engine_hash, id);
             if alias {
-                self.state(slot).aliases += 1;
+                *self.state(slot).aliases.entry(id).or_insert(0) += 1;
                 out.duplicate += 1;
+                if tier == DEVICE {
+                    parent_reached = self.visible(shared, id, bit);
+                }
                 parent_id = id;
                 parent_chain = Some(chain);
                 level += 1;
                 continue;
             }
             self.pairs += 1;
-            shared.tier_pairs[tier].fetch_add(1, Ordering::Relaxed);
-            if tier != DEVICE {
-                self.set_visible(shared, id, bit, true);
-            } else if self.parent_reached(shared, parent_id, bit) {
-                self.attach(shared, slot, id, bit);
-            } else {
+            added += 1;
+            if !visible_now {
                 self.state(slot).detached += 1;
+            } else if !created || reuse {
+                // A new entry got the bit at insertion and has no children yet;
+                // an existing one needs the bit, and on the device tier may
+                // have held-but-detached children to reattach.
+                self.attach_or_set(shared, slot, id, bit, tier == DEVICE);
+            }
+            if tier == DEVICE {
+                parent_reached = visible_now;
             }
             out.stored += 1;
             parent_id = id;
             parent_chain = Some(chain);
             level += 1;
+        }
+        shared.tier_pairs[tier].fetch_add(added, Ordering::Relaxed);
+        #[cfg(debug_assertions)]
+        self.check_reach(shared, slot);
+    }
+
+    /// Debug builds: a device block is visible to the worker exactly when it
+    /// holds it and its parent is visible (or it sits at position 0).
+    #[cfg(debug_assertions)]
+    pub(crate) fn check_reach(&self, shared: &Shared, slot: u32) {
+        let (_, bit) = split(slot);
+        let Some(st) = self.workers[slot as usize].as_ref() else { return };
+        // Bounded so debug runs of big workloads stay usable.
+        if st.records[DEVICE].iter().count() > 4096 {
+            return;
+        }
+        for (h, id) in st.records[DEVICE].iter() {
+            let e = self.slab.get(id);
+            let parent_ok =
+                e.parent == NIL || (self.slab.get(e.parent).held & bit != 0 && self.visible(shared, e.parent, bit));
+            assert_eq!(
+                self.visible(shared, id, bit),
+                parent_ok && e.held & bit != 0,
+                "reach of block {h} at level {}",
+                e.level
+            );
+        }
+    }
+
+    /// Sets the worker's visible bit on `id`; on the device tier also
+    /// reattaches held-but-detached descendants.
+    fn attach_or_set(&mut self, shared: &Shared, slot: u32, id: u32, bit: u64, device: bool) {
+        if device {
+            self.attach(shared, slot, id, bit);
+        } else {
+            self.set_visible(shared, id, bit, true);
         }
     }
 
@@ -358,8 +418,12 @@ impl Writer {
         };
         let (_, bit) = split(slot);
         let st = self.state(slot);
-        if st.aliases > 0 && st.records[tier].iter().any(|(_, other)| other == id) {
-            st.aliases -= 1;
+        if let Some(extra) = st.aliases.get_mut(&id) {
+            // Another engine hash of this worker still names the block.
+            *extra -= 1;
+            if *extra == 0 {
+                st.aliases.remove(&id);
+            }
             return true;
         }
         self.pairs -= 1;
@@ -409,7 +473,7 @@ impl Writer {
         let mut dropped = 0;
         for tier in 0..4 {
             let mut records = self.state(slot).records[tier].take();
-            if self.state(slot).aliases > 0 {
+            if !self.state(slot).aliases.is_empty() {
                 records.sort_unstable_by_key(|&(_, id)| id);
                 records.dedup_by_key(|&mut (_, id)| id);
             }
@@ -430,7 +494,7 @@ impl Writer {
         self.pairs -= dropped;
         let st = self.state(slot);
         st.detached = 0;
-        st.aliases = 0;
+        st.aliases = FxHashMap::default();
         dropped
     }
 
@@ -460,7 +524,11 @@ impl Writer {
         self.workers
             .iter()
             .flatten()
-            .map(|w| w.records.iter().map(Records::bytes).sum::<usize>() + std::mem::size_of::<WorkerState>())
+            .map(|w| {
+                w.records.iter().map(Records::bytes).sum::<usize>()
+                    + w.aliases.capacity() * 16
+                    + std::mem::size_of::<WorkerState>()
+            })
             .sum::<usize>()
             + self.workers.capacity() * std::mem::size_of::<Option<WorkerState>>()
     }

@@ -1,0 +1,383 @@
+//! Command line and environment to a validated configuration.
+//!
+//! Dynamo's standalone indexer flags work unchanged (`--port`, `--threads`,
+//! `--block-size`, `--workers`, `--model-name`, `--tenant-id`, `--peers`);
+//! the rest are this daemon's knobs. Every value is checked here, once; a bad
+//! one is a single line on stderr and exit code 2 (see `main`).
+
+use crate::event::WorkerId;
+use std::fmt;
+use std::path::PathBuf;
+
+/// Largest accepted request body by default, in bytes (a 1M-token /query is ~8 MB).
+pub const BODY_LIMIT_BYTES_DEFAULT: usize = 16 << 20;
+
+/// One `--workers` item: `instance[:dp_rank]=endpoint`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerArg {
+    pub worker: WorkerId,
+    pub endpoint: String,
+}
+
+/// Everything the daemon runs with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub host: String,
+    pub port: u16,
+    pub unix_socket: Option<PathBuf>,
+    /// Writer shards (Dynamo's `--threads`). 0: from the core count.
+    pub writer_threads: usize,
+    /// Listener threads. 0: from the core count.
+    pub listener_threads: usize,
+    /// HTTP worker threads. 0: from the core count.
+    pub http_threads: usize,
+    pub block_size: Option<u32>,
+    pub model_name: String,
+    pub tenant_id: String,
+    pub workers: Vec<WorkerArg>,
+    pub peers: Vec<String>,
+    pub replay_timeout_ms: u64,
+    pub body_limit_bytes: usize,
+    /// Positions per jump of the index search; 0: the index's default.
+    pub jump: usize,
+    /// Readiness waits until this many workers are registered.
+    pub min_initial_workers: usize,
+    /// How long listeners connect and buffer before the peer dump is fetched.
+    pub slow_joiner_ms: u64,
+    /// Per-request timeout when fetching a peer's dump.
+    pub peer_timeout_ms: u64,
+    pub log_level: crate::log::Level,
+    /// Pin listener and shard threads to cores.
+    pub pin_threads: bool,
+    /// Where snapshots are written and read at startup; None: no snapshots.
+    pub snapshot_dir: Option<PathBuf>,
+    /// Seconds between periodic snapshots; 0: only on stop.
+    pub snapshot_interval_s: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            host: "0.0.0.0".into(),
+            port: 8090,
+            unix_socket: None,
+            writer_threads: 0,
+            listener_threads: 0,
+            http_threads: 0,
+            block_size: None,
+            model_name: "default".into(),
+            tenant_id: "default".into(),
+            workers: Vec::new(),
+            peers: Vec::new(),
+            replay_timeout_ms: 2_000,
+            body_limit_bytes: BODY_LIMIT_BYTES_DEFAULT,
+            jump: 0,
+            min_initial_workers: 0,
+            slow_joiner_ms: 1_000,
+            peer_timeout_ms: 10_000,
+            log_level: crate::log::Level::Info,
+            pin_threads: true,
+            snapshot_dir: None,
+            snapshot_interval_s: 60,
+        }
+    }
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Command {
+    Run(Box<Config>),
+    Help,
+    Version,
+}
+
+/// A command-line or environment error, said in one line.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CliError(pub String);
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub const USAGE: &str = "\
+kv-indexer: tracks which KV-cache blocks every inference worker holds and
+answers which worker holds the longest cached prefix of a request.
+
+USAGE:
+  kv-indexer [--port 8090] [--host 0.0.0.0] [--threads N]
+             [--block-size 16 --model-name m --tenant-id t --workers \"1=tcp://h:5557,2:1=tcp://h:5558\"]
+             [--peers \"http://a:8090,http://b:8091\"] [OPTIONS]
+
+OPTIONS:
+  --port N                 HTTP port (default 8090)
+  --host ADDR              HTTP bind address (default 0.0.0.0)
+  --unix-socket PATH       also serve the API on this Unix socket
+  --threads N              writer shards applying events (default: from cores)
+  --listener-threads N     threads owning the ZMQ sockets (default: from cores)
+  --http-threads N         HTTP worker threads (default: from cores)
+  --block-size N           block size of the --workers index (required with --workers)
+  --model-name NAME        model of the --workers index (default \"default\")
+  --tenant-id NAME         tenant of the --workers index (default \"default\")
+  --workers LIST           instance[:dp_rank]=zmq_endpoint, comma separated
+  --peers LIST             peer indexer URLs to recover state from at startup
+  --replay-timeout-ms N    deadline of one gap replay (default 2000)
+  --body-limit-bytes N     largest request body (default 16777216)
+  --jump N                 positions per jump of the index search (default 32)
+  --min-initial-workers N  not ready until N workers are registered
+                           (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
+  --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)
+  --peer-timeout-ms N      timeout of a peer dump request (default 10000)
+  --snapshot-dir DIR       write snapshots to DIR/snapshot.bin and restart warm from it
+  --snapshot-interval-s N  seconds between snapshots (default 60; 0: only on stop)
+  --no-pin                 do not pin listener and shard threads to cores
+  --log-level LEVEL        error, warn, info or debug (default info; env KV_INDEXER_LOG)
+  -h, --help               this text
+  -V, --version            the version
+";
+
+fn parse_num<T>(flag: &str, v: &str, min: T, max: T) -> Result<T, CliError>
+where
+    T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
+{
+    match v.trim().parse::<T>() {
+        Ok(n) if n >= min && n <= max => Ok(n),
+        _ => Err(CliError(format!("{flag}: expected a number from {min} to {max}, got {v:?}"))),
+    }
+}
+
+/// Parses `instance[:dp_rank]=endpoint,...`.
+pub fn parse_workers(list: &str) -> Result<Vec<WorkerArg>, CliError> {
+    let mut out: Vec<WorkerArg> = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let bad = || CliError(format!("--workers: {item:?} is not instance[:dp_rank]=endpoint"));
+        let (id, endpoint) = item.split_once('=').ok_or_else(bad)?;
+        let (instance, rank) = match id.split_once(':') {
+            Some((i, r)) => (i, Some(r)),
+            None => (id, None),
+        };
+        let instance_id = instance.trim().parse::<u64>().map_err(|_| bad())?;
+        let dp_rank = match rank {
+            Some(r) => r.trim().parse::<u32>().map_err(|_| bad())?,
+            None => 0,
+        };
+        let endpoint = endpoint.trim();
+        crate::endpoint::validate_zmq_endpoint(endpoint).map_err(|why| CliError(format!("--workers: {why}")))?;
+        let worker = WorkerId::new(instance_id, dp_rank);
+        if out.iter().any(|w| w.worker == worker) {
+            return Err(CliError(format!("--workers: instance {instance_id} dp_rank {dp_rank} is listed twice")));
+        }
+        out.push(WorkerArg { worker, endpoint: endpoint.to_string() });
+    }
+    Ok(out)
+}
+
+/// Parses `--peers`.
+pub fn parse_peers(list: &str) -> Result<Vec<String>, CliError> {
+    let mut out: Vec<String> = Vec::new();
+    for p in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let url = crate::endpoint::validate_peer_url(p).map_err(|e| CliError(format!("--peers: {e}")))?;
+        if !out.contains(&url) {
+            out.push(url);
+        }
+    }
+    Ok(out)
+}
+
+/// Reads the command line (without the program name) and the environment.
+pub fn parse<I>(args: I, env: impl Fn(&str) -> Option<String>) -> Result<Command, CliError>
+where
+    I: IntoIterator<Item = std::ffi::OsString>,
+{
+    use lexopt::prelude::*;
+    let mut cfg = Config::default();
+    for name in ["DYN_ROUTER_MIN_INITIAL_WORKERS", "KV_INDEXER_MIN_INITIAL_WORKERS"] {
+        if let Some(v) = env(name).filter(|v| !v.trim().is_empty()) {
+            cfg.min_initial_workers = parse_num(name, &v, 0, 1_000_000)?;
+        }
+    }
+    if let Some(v) = env("KV_INDEXER_LOG").filter(|v| !v.trim().is_empty()) {
+        cfg.log_level =
+            crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("KV_INDEXER_LOG: unknown level {v:?}")))?;
+    }
+    let mut parser = lexopt::Parser::from_args(args);
+    let mut workers_arg = None;
+    loop {
+        let arg = match parser.next() {
+            Ok(Some(a)) => a,
+            Ok(None) => break,
+            Err(e) => return Err(CliError(e.to_string())),
+        };
+        let flag = match &arg {
+            Long(l) => format!("--{l}"),
+            Short(c) => format!("-{c}"),
+            Value(v) => return Err(CliError(format!("unexpected argument {v:?}; see --help"))),
+        };
+        if matches!(arg, Short('h') | Long("help")) {
+            return Ok(Command::Help);
+        }
+        if matches!(arg, Short('V') | Long("version")) {
+            return Ok(Command::Version);
+        }
+        if matches!(arg, Long("no-pin")) {
+            cfg.pin_threads = false;
+            continue;
+        }
+        let known = [
+            "--port",
+            "--host",
+            "--unix-socket",
+            "--threads",
+            "--listener-threads",
+            "--http-threads",
+            "--block-size",
+            "--model-name",
+            "--tenant-id",
+            "--workers",
+            "--peers",
+            "--replay-timeout-ms",
+            "--body-limit-bytes",
+            "--jump",
+            "--min-initial-workers",
+            "--slow-joiner-ms",
+            "--peer-timeout-ms",
+            "--log-level",
+            "--snapshot-dir",
+            "--snapshot-interval-s",
+        ];
+        if !known.contains(&flag.as_str()) {
+            return Err(CliError(format!("unknown option {flag}; see --help")));
+        }
+        let value = parser.value().map_err(|_| CliError(format!("{flag} needs a value")))?;
+        let v = value.into_string().map_err(|_| CliError(format!("{flag}: value is not valid UTF-8")))?;
+        match flag.as_str() {
+            "--port" => cfg.port = parse_num(&flag, &v, 0, u16::MAX)?,
+            "--host" => {
+                if v.trim().is_empty() {
+                    return Err(CliError("--host: empty address".into()));
+                }
+                cfg.host = v.trim().to_string()
+            }
+            "--unix-socket" => cfg.unix_socket = Some(PathBuf::from(v)),
+            "--threads" => cfg.writer_threads = parse_num(&flag, &v, 1, 1024)?,
+            "--listener-threads" => cfg.listener_threads = parse_num(&flag, &v, 1, 1024)?,
+            "--http-threads" => cfg.http_threads = parse_num(&flag, &v, 1, 1024)?,
+            "--block-size" => cfg.block_size = Some(parse_num(&flag, &v, 1, 1 << 20)?),
+            "--model-name" => cfg.model_name = non_empty(&flag, v)?,
+            "--tenant-id" => cfg.tenant_id = non_empty(&flag, v)?,
+            "--workers" => workers_arg = Some(v),
+            "--peers" => cfg.peers = parse_peers(&v)?,
+            "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(&flag, &v, 1, 600_000)?,
+            "--body-limit-bytes" => cfg.body_limit_bytes = parse_num(&flag, &v, 1024, 1 << 30)?,
+            "--jump" => cfg.jump = parse_num(&flag, &v, 1, 4096)?,
+            "--min-initial-workers" => cfg.min_initial_workers = parse_num(&flag, &v, 0, 1_000_000)?,
+            "--slow-joiner-ms" => cfg.slow_joiner_ms = parse_num(&flag, &v, 0, 600_000)?,
+            "--peer-timeout-ms" => cfg.peer_timeout_ms = parse_num(&flag, &v, 1, 600_000)?,
+            "--log-level" => {
+                cfg.log_level =
+                    crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("--log-level: unknown level {v:?}")))?
+            }
+            "--snapshot-dir" => {
+                if v.trim().is_empty() {
+                    return Err(CliError("--snapshot-dir: empty path".into()));
+                }
+                cfg.snapshot_dir = Some(PathBuf::from(v))
+            }
+            "--snapshot-interval-s" => cfg.snapshot_interval_s = parse_num(&flag, &v, 0, 86_400)?,
+            _ => unreachable!("checked against the known list"),
+        }
+    }
+    if let Some(w) = workers_arg {
+        cfg.workers = parse_workers(&w)?;
+        if !cfg.workers.is_empty() && cfg.block_size.is_none() {
+            return Err(CliError("--workers needs --block-size".into()));
+        }
+    }
+    Ok(Command::Run(Box::new(cfg)))
+}
+
+fn non_empty(flag: &str, v: String) -> Result<String, CliError> {
+    if v.is_empty() {
+        Err(CliError(format!("{flag}: empty name")))
+    } else {
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<Config, CliError> {
+        match parse(args.iter().map(Into::into), |_| None)? {
+            Command::Run(c) => Ok(*c),
+            other => panic!("expected a run, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn dynamo_flags_parse() {
+        let c = run(&[
+            "--port",
+            "9000",
+            "--threads",
+            "4",
+            "--block-size",
+            "16",
+            "--model-name",
+            "m",
+            "--tenant-id",
+            "t",
+            "--workers",
+            "1=tcp://h:5557,2:1=tcp://h:5558",
+            "--peers",
+            "http://a:8090,http://b:8091/",
+        ])
+        .unwrap();
+        assert_eq!((c.port, c.writer_threads, c.block_size), (9000, 4, Some(16)));
+        assert_eq!(c.workers[1], WorkerArg { worker: WorkerId::new(2, 1), endpoint: "tcp://h:5558".into() });
+        assert_eq!(c.peers, vec!["http://a:8090", "http://b:8091"]);
+    }
+
+    #[test]
+    fn snapshot_flags_parse() {
+        let c = run(&[]).unwrap();
+        assert_eq!((c.snapshot_dir, c.snapshot_interval_s), (None, 60));
+        let c = run(&["--snapshot-dir", "/var/lib/kv-indexer", "--snapshot-interval-s", "0"]).unwrap();
+        assert_eq!(c.snapshot_dir, Some(PathBuf::from("/var/lib/kv-indexer")));
+        assert_eq!(c.snapshot_interval_s, 0);
+    }
+
+    #[test]
+    fn bad_values_are_one_clear_error() {
+        for args in [
+            &["--port", "x"][..],
+            &["--port", "70000"],
+            &["--block-size", "0"],
+            &["--workers", "1=tcp://h:5557"],
+            &["--block-size", "16", "--workers", "1=udp://h:1"],
+            &["--block-size", "16", "--workers", "1=tcp://h:1,1=tcp://h:2"],
+            &["--peers", "ftp://x"],
+            &["--bogus"],
+            &["stray"],
+            &["--port"],
+            &["--snapshot-dir", ""],
+            &["--snapshot-interval-s", "-1"],
+        ] {
+            let e = run(args).unwrap_err();
+            assert!(!e.0.contains('\n') && !e.0.is_empty(), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn env_sets_readiness_and_help_version_short_circuit() {
+        let env = |k: &str| (k == "DYN_ROUTER_MIN_INITIAL_WORKERS").then(|| "3".to_string());
+        match parse(Vec::<std::ffi::OsString>::new(), env).unwrap() {
+            Command::Run(c) => assert_eq!(c.min_initial_workers, 3),
+            _ => panic!(),
+        }
+        assert!(matches!(parse(["--help".into()], |_| None).unwrap(), Command::Help));
+        assert!(matches!(parse(["-V".into()], |_| None).unwrap(), Command::Version));
+    }
+}

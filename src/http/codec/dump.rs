@@ -1,0 +1,482 @@
+//! `/dump`: every index's events as Dynamo's RouterEvent JSON, both ways, so
+//! a Dynamo replica can recover from our dump and we from theirs.
+//!
+//! Shape (Dynamo 1.6.1 `protocols.rs` serde derives):
+//!
+//! ```text
+//! {"<model>:<tenant>": {"model_name": "..", "tenant_id": "..", "block_size": 16, "events": [
+//!   {"worker_id": 7, "storage_tier": "device",
+//!    "event": {"event_id": 0, "data": {"stored": {"parent_hash": 11, "start_position": null,
+//!              "blocks": [{"block_hash": 12, "tokens_hash": 99, "mm_extra_info": null}]}},
+//!              "dp_rank": 1}},
+//!   ... "data": {"removed": {"block_hashes": [..]}} ... "data": "cleared" ...]}}
+//! ```
+//!
+//! - `block_hash` is the engine's hash, `tokens_hash` the block's local hash.
+//! - `model_name` and `tenant_id` are ours (Dynamo ignores unknown fields):
+//!   Dynamo splits the key at the first `:`, which breaks model names that
+//!   contain one. Reading a dump without them, we split the same way.
+//! - `event_id` counts from 0 per index, as Dynamo's dump does; it is
+//!   required on input (Dynamo requires it) but otherwise unused.
+//! - On input, as Dynamo: `storage_tier` defaults to device, `dp_rank` to 0,
+//!   `parent_hash`, `start_position` and `mm_extra_info` may be absent or
+//!   null, a cleared event may also be `{"cleared": null}`, unknown fields
+//!   are ignored. Hashes may also be negative (two's complement).
+//! - Skipped, and counted, on input: events of a storage tier we do not
+//!   know, events whose `residency_domain` is not the worker's own (cache
+//!   owner residency is not a worker's cache), and entries that carry an
+//!   `"error"` instead of events (Dynamo writes those when one index fails
+//!   to dump).
+//!
+//! Writing is hand-rolled (a dump can hold millions of blocks); reading goes
+//! through serde, whose recursion limit bounds nesting; the body itself is
+//! bounded by `DUMP_BODY_BYTES_MAX`.
+
+use super::out::{push_str, push_u64};
+use super::{BodyError, DUMP_BODY_BYTES_MAX};
+use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+
+/// The events of one (model, tenant) index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpEntry {
+    pub model_name: String,
+    pub tenant_id: String,
+    pub block_size: u32,
+    pub events: Vec<Event>,
+}
+
+/// A parsed dump and what was left out of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DumpParse {
+    pub entries: Vec<DumpEntry>,
+    /// Events skipped: unknown storage tier or foreign residency domain.
+    pub skipped_events: u64,
+    /// Entries skipped because the peer reported an error instead of events.
+    pub skipped_entries: u64,
+}
+
+/// Writes the `/dump` body for `entries`.
+pub fn write_dump(out: &mut Vec<u8>, entries: &[DumpEntry]) {
+    out.push(b'{');
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        push_str(out, &format!("{}:{}", entry.model_name, entry.tenant_id));
+        out.extend_from_slice(b":{\"model_name\":");
+        push_str(out, &entry.model_name);
+        out.extend_from_slice(b",\"tenant_id\":");
+        push_str(out, &entry.tenant_id);
+        out.extend_from_slice(b",\"block_size\":");
+        push_u64(out, u64::from(entry.block_size));
+        out.extend_from_slice(b",\"events\":[");
+        for (event_id, event) in entry.events.iter().enumerate() {
+            if event_id > 0 {
+                out.push(b',');
+            }
+            write_event(out, event, event_id as u64);
+        }
+        out.extend_from_slice(b"]}");
+    }
+    out.push(b'}');
+}
+
+fn write_event(out: &mut Vec<u8>, event: &Event, event_id: u64) {
+    out.extend_from_slice(b"{\"worker_id\":");
+    push_u64(out, event.worker.instance_id);
+    out.extend_from_slice(b",\"storage_tier\":\"");
+    out.extend_from_slice(event.tier.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"event\":{\"event_id\":");
+    push_u64(out, event_id);
+    out.extend_from_slice(b",\"data\":");
+    match &event.kind {
+        EventKind::Stored { parent, blocks } => {
+            out.extend_from_slice(b"{\"stored\":{\"parent_hash\":");
+            match parent {
+                Some(p) => push_u64(out, *p),
+                None => out.extend_from_slice(b"null"),
+            }
+            out.extend_from_slice(b",\"start_position\":null,\"blocks\":[");
+            for (i, b) in blocks.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"{\"block_hash\":");
+                push_u64(out, b.engine_hash);
+                out.extend_from_slice(b",\"tokens_hash\":");
+                push_u64(out, b.local_hash);
+                out.extend_from_slice(b",\"mm_extra_info\":null}");
+            }
+            out.extend_from_slice(b"]}}");
+        }
+        EventKind::Removed { engine_hashes } => {
+            out.extend_from_slice(b"{\"removed\":{\"block_hashes\":[");
+            for (i, h) in engine_hashes.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                push_u64(out, *h);
+            }
+            out.extend_from_slice(b"]}}");
+        }
+        EventKind::Cleared => out.extend_from_slice(b"\"cleared\""),
+    }
+    out.extend_from_slice(b",\"dp_rank\":");
+    push_u64(out, u64::from(event.worker.dp_rank));
+    out.extend_from_slice(b"}}");
+}
+
+/// Parses a `/dump` body (ours or Dynamo's) into its entries.
+pub fn parse_dump(body: &[u8]) -> Result<Vec<DumpEntry>, BodyError> {
+    parse_dump_counted(body).map(|d| d.entries)
+}
+
+/// Parses a `/dump` body and counts what was skipped.
+pub fn parse_dump_counted(body: &[u8]) -> Result<DumpParse, BodyError> {
+    if body.len() > DUMP_BODY_BYTES_MAX {
+        return Err(BodyError::Invalid(format!(
+            "dump body is {} bytes; the limit is {DUMP_BODY_BYTES_MAX}",
+            body.len()
+        )));
+    }
+    let top: Top = serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => BodyError::Unprocessable(format!("dump: {e}")),
+        _ => BodyError::Malformed(format!("dump: {e}")),
+    })?;
+    let mut parsed = DumpParse::default();
+    for (key, entry) in top.0 {
+        if entry.error.is_some() && entry.events.is_none() {
+            parsed.skipped_entries += 1;
+            continue;
+        }
+        let (Some(block_size), Some(events)) = (entry.block_size, entry.events) else {
+            return Err(BodyError::Unprocessable(format!("dump entry {key:?} needs `block_size` and `events`")));
+        };
+        if block_size == 0 {
+            return Err(BodyError::Invalid(format!("dump entry {key:?} has block_size 0")));
+        }
+        let (model_name, tenant_id) = match (entry.model_name, entry.tenant_id) {
+            (Some(m), Some(t)) => (m, t),
+            (m, t) => {
+                let Some((key_model, key_tenant)) = key.split_once(':') else {
+                    return Err(BodyError::Unprocessable(format!(
+                        "dump key {key:?} is not \"model:tenant\" and the entry has no model_name and tenant_id"
+                    )));
+                };
+                (m.unwrap_or_else(|| key_model.to_owned()), t.unwrap_or_else(|| key_tenant.to_owned()))
+            }
+        };
+        parsed.skipped_events += events.skipped;
+        parsed.entries.push(DumpEntry { model_name, tenant_id, block_size, events: events.events });
+    }
+    Ok(parsed)
+}
+
+/// The top-level map, keeping every entry in order.
+struct Top(Vec<(String, WireEntry)>);
+
+impl<'de> Deserialize<'de> for Top {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Top;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of \"model:tenant\" entries")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry::<String, WireEntry>()? {
+                    entries.push(entry);
+                }
+                Ok(Top(entries))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct WireEntry {
+    #[serde(default)]
+    block_size: Option<u32>,
+    #[serde(default)]
+    model_name: Option<String>,
+    #[serde(default)]
+    tenant_id: Option<String>,
+    #[serde(default)]
+    events: Option<Events>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+}
+
+/// An entry's events, converted as they are read, with the count skipped.
+struct Events {
+    events: Vec<Event>,
+    skipped: u64,
+}
+
+impl<'de> Deserialize<'de> for Events {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Events;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of RouterEvent objects")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Events, A::Error> {
+                let mut out = Events { events: Vec::new(), skipped: 0 };
+                while let Some(e) = seq.next_element::<WireEvent>()? {
+                    match e.into_event() {
+                        Some(ev) => out.events.push(ev),
+                        None => out.skipped += 1,
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct WireEvent {
+    worker_id: u64,
+    #[serde(default)]
+    storage_tier: WireTier,
+    #[serde(default)]
+    residency_domain: Option<WireDomain>,
+    event: WireKvEvent,
+}
+
+impl WireEvent {
+    fn into_event(self) -> Option<Event> {
+        let WireTier(Some(tier)) = self.storage_tier else {
+            return None;
+        };
+        if let Some(WireDomain(false)) = self.residency_domain {
+            return None;
+        }
+        let worker = WorkerId::new(self.worker_id, self.event.dp_rank);
+        let kind = match self.event.data {
+            WireData::Stored(s) => EventKind::Stored {
+                parent: s.parent_hash.map(|h| h.0),
+                blocks: s
+                    .blocks
+                    .into_iter()
+                    .map(|b| StoredBlock { engine_hash: b.block_hash.0, local_hash: b.tokens_hash.0 })
+                    .collect(),
+            },
+            WireData::Removed(r) => {
+                EventKind::Removed { engine_hashes: r.block_hashes.into_iter().map(|h| h.0).collect() }
+            }
+            WireData::Cleared => EventKind::Cleared,
+        };
+        Some(Event { worker, tier, kind })
+    }
+}
+
+#[derive(Deserialize)]
+struct WireKvEvent {
+    #[serde(rename = "event_id")]
+    _event_id: u64,
+    data: WireData,
+    #[serde(default)]
+    dp_rank: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum WireData {
+    Stored(WireStore),
+    Removed(WireRemove),
+    Cleared,
+}
+
+#[derive(Deserialize)]
+struct WireStore {
+    #[serde(default)]
+    parent_hash: Option<Hash>,
+    #[serde(default, rename = "start_position")]
+    _start_position: Option<u32>,
+    blocks: Vec<WireBlock>,
+}
+
+#[derive(Deserialize)]
+struct WireBlock {
+    block_hash: Hash,
+    tokens_hash: Hash,
+    #[serde(default, rename = "mm_extra_info")]
+    _mm_extra_info: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct WireRemove {
+    block_hashes: Vec<Hash>,
+}
+
+/// A storage tier; None for a name we do not know.
+struct WireTier(Option<StorageTier>);
+
+impl Default for WireTier {
+    fn default() -> Self {
+        WireTier(Some(StorageTier::Device))
+    }
+}
+
+impl<'de> Deserialize<'de> for WireTier {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = WireTier;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a storage tier name")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<WireTier, E> {
+                Ok(WireTier(StorageTier::parse(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A residency domain: true for the worker's own (`"worker"`).
+struct WireDomain(bool);
+
+impl<'de> Deserialize<'de> for WireDomain {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = WireDomain;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a residency domain name")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<WireDomain, E> {
+                Ok(WireDomain(v == "worker"))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A block hash: a u64, or a negative i64 taken as two's complement.
+struct Hash(u64);
+
+impl<'de> Deserialize<'de> for Hash {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Hash;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an integer hash in [-2^63, 2^64)")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Hash, E> {
+                Ok(Hash(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Hash, E> {
+                Ok(Hash(v as u64))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn w(i: u64, r: u32) -> WorkerId {
+        WorkerId::new(i, r)
+    }
+
+    fn blocks(pairs: &[(u64, u64)]) -> Vec<StoredBlock> {
+        pairs.iter().map(|&(engine_hash, local_hash)| StoredBlock { engine_hash, local_hash }).collect()
+    }
+
+    #[test]
+    fn writes_dynamo_router_events() {
+        let entry = DumpEntry {
+            model_name: "m".into(),
+            tenant_id: "t".into(),
+            block_size: 16,
+            events: vec![
+                Event::stored(w(7, 1), StorageTier::Device, Some(11), blocks(&[(12, 99)])),
+                Event::stored(w(7, 0), StorageTier::HostPinned, None, blocks(&[(u64::MAX, 1), (2, 3)])),
+                Event::removed(w(8, 0), StorageTier::Disk, vec![5, 6]),
+                Event::cleared(w(9, 2)),
+            ],
+        };
+        let mut out = Vec::new();
+        write_dump(&mut out, &[entry]);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v,
+            json!({"m:t": {"model_name": "m", "tenant_id": "t", "block_size": 16, "events": [
+                {"worker_id": 7, "storage_tier": "device", "event": {"event_id": 0, "data": {"stored": {
+                    "parent_hash": 11, "start_position": null,
+                    "blocks": [{"block_hash": 12, "tokens_hash": 99, "mm_extra_info": null}]}}, "dp_rank": 1}},
+                {"worker_id": 7, "storage_tier": "host_pinned", "event": {"event_id": 1, "data": {"stored": {
+                    "parent_hash": null, "start_position": null,
+                    "blocks": [{"block_hash": u64::MAX, "tokens_hash": 1, "mm_extra_info": null},
+                               {"block_hash": 2, "tokens_hash": 3, "mm_extra_info": null}]}}, "dp_rank": 0}},
+                {"worker_id": 8, "storage_tier": "disk", "event": {"event_id": 2, "data": {"removed": {
+                    "block_hashes": [5, 6]}}, "dp_rank": 0}},
+                {"worker_id": 9, "storage_tier": "device", "event": {"event_id": 3, "data": "cleared", "dp_rank": 2}}
+            ]}})
+        );
+    }
+
+    #[test]
+    fn reads_dynamo_defaults_and_skips() {
+        let body = br#"{
+            "a:b:c": {"block_size": 4, "events": [
+                {"worker_id": 1, "event": {"event_id": 9, "data": {"stored": {"blocks": [
+                    {"block_hash": -1, "tokens_hash": 5, "mm_extra_info": {"mm_objects": [{"mm_hash": 1, "offsets": [[0, 2]]}]}}]}}}},
+                {"worker_id": 1, "storage_tier": "g4_remote", "event": {"event_id": 1, "data": "cleared"}},
+                {"worker_id": 1, "residency_domain": "cache_owner", "state_source": {"x": 1},
+                 "event": {"event_id": 2, "data": {"cleared": null}}},
+                {"worker_id": 2, "residency_domain": "worker", "session_id": "s",
+                 "event": {"event_id": 3, "data": {"cleared": null}, "dp_rank": 3}}
+            ]},
+            "broken:x": {"error": "indexer offline"}
+        }"#;
+        let d = parse_dump_counted(body).unwrap();
+        assert_eq!(d.skipped_events, 2);
+        assert_eq!(d.skipped_entries, 1);
+        assert_eq!(
+            d.entries,
+            vec![DumpEntry {
+                model_name: "a".into(),
+                tenant_id: "b:c".into(),
+                block_size: 4,
+                events: vec![
+                    Event::stored(w(1, 0), StorageTier::Device, None, blocks(&[(u64::MAX, 5)])),
+                    Event::cleared(w(2, 3)),
+                ],
+            }]
+        );
+    }
+
+    #[test]
+    fn refuses_what_cannot_be_placed() {
+        let cases: [(&[u8], u16); 8] = [
+            (br#"{"nocolon": {"block_size": 4, "events": []}}"#, 422),
+            (br#"{"m:t": {"events": []}}"#, 422),
+            (br#"{"m:t": {"block_size": 0, "events": []}}"#, 400),
+            (br#"{"m:t": {"block_size": 4, "events": [{"worker_id": 1, "event": {"data": "cleared"}}]}}"#, 422),
+            (br#"{"m:t": {"block_size": 4, "events": [{"worker_id": 1, "event": {"event_id": 0, "data": "exploded"}}]}}"#, 422),
+            (br#"{"m:t": {"block_size": 4, "events": [{"worker_id": -1, "event": {"event_id": 0, "data": "cleared"}}]}}"#, 422),
+            (br#"[]"#, 422),
+            (br#"{"m:t": {"block_size": 4, "events": [}"#, 400),
+        ];
+        for (body, status) in cases {
+            let err = parse_dump(body).expect_err(&String::from_utf8_lossy(body));
+            assert_eq!(err.status(), status, "{}: {err}", String::from_utf8_lossy(body));
+        }
+        let deep = format!("{{\"m:t\":{{\"block_size\":4,\"x\":{}}}}}", "[".repeat(100_000));
+        assert_eq!(parse_dump(deep.as_bytes()).unwrap_err().status(), 400);
+    }
+}

@@ -1,0 +1,110 @@
+//! JSON request parsing and response writing for the HTTP API.
+//!
+//! Why it exists: a `/query` of 800 blocks carries 12,800 token ids, and
+//! parsing them through a generic JSON tree, then building the response
+//! through maps, costs more CPU than the index lookup itself. This module
+//! reads request bodies with a small strict scanner (`scan`) that walks the
+//! top-level object once, decodes only the fields an endpoint knows and
+//! appends integer arrays straight into a caller's reusable buffer (token
+//! arrays of the usual shape through a mask-driven fast path, `fast`);
+//! responses are written straight into a caller's `Vec<u8>` (`response`,
+//! `workers`). The cold, deeply nested `/dump` format is read through serde
+//! and written by hand (`dump`).
+//!
+//! Files: `scan` (JSON grammar), `fast` (token arrays), `problems` (error
+//! classes), `query` and `control` (request bodies), `endpoint` (address
+//! syntax), `response`, `workers`, `dump`, `out` (number and string output).
+//!
+//! Rules every parser here follows:
+//! - The body must be one well-formed JSON value (RFC 8259, UTF-8, no
+//!   trailing bytes but whitespace, nesting at most [`NESTING_DEPTH_MAX`]);
+//!   otherwise [`BodyError::Malformed`] (HTTP 400). Numbers too large for
+//!   an f64 count as malformed, as in serde_json.
+//! - Well-formed JSON with a missing field, a field of the wrong type or a
+//!   known field given twice: [`BodyError::Unprocessable`] (HTTP 422).
+//!   Duplicate known keys are refused rather than resolved (last-wins would
+//!   let two layers of a proxy disagree on what was asked); unknown keys are
+//!   skipped whatever their type, repeated or not.
+//! - Well-formed and well-typed but an invalid value (an endpoint that is
+//!   not `tcp://host:port`, `block_size` 0, two spellings of one field that
+//!   disagree): [`BodyError::Invalid`] (HTTP 400).
+//! - When a body has several problems, the class is decided in that order
+//!   (malformed, then unprocessable, then invalid) so it never depends on
+//!   field order; the message names the first problem of that class.
+//! - `null` for an optional field means absent.
+//! - Nothing panics on any input; every loop is bounded by the body length.
+//!
+//! Writers append to `out` and never clear it.
+
+mod control;
+mod dump;
+mod fast;
+mod out;
+mod problems;
+mod query;
+mod response;
+mod scan;
+mod workers;
+
+pub use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
+pub use control::{parse_peer, parse_register, parse_unregister, PeerRequest, RegisterRequest, UnregisterRequest};
+pub use dump::{parse_dump, parse_dump_counted, write_dump, DumpEntry, DumpParse};
+pub use query::{parse_query, parse_query_by_hash, QueryRequest};
+pub use response::{write_error, write_query_response, write_status_ok};
+pub use workers::{aggregate_status, write_peers, write_workers, WorkerInfo, WorkerListener};
+
+use std::fmt;
+
+/// Deepest nesting of arrays and objects accepted in a body; the top-level
+/// object is level 1. Equal to serde_json's limit, so both agree on what is
+/// well-formed.
+pub const NESTING_DEPTH_MAX: usize = 127;
+
+/// Largest `/query` or `/query_by_hash` body accepted (Dynamo's limit: about
+/// a million tokens as JSON text). The server should refuse a longer body
+/// with 413 before reading it; the parsers refuse it too.
+pub const QUERY_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Largest body accepted by the small control endpoints (register,
+/// unregister, peers).
+pub const CONTROL_BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// Largest `/dump` body accepted when recovering from a peer.
+pub const DUMP_BODY_BYTES_MAX: usize = 2 * 1024 * 1024 * 1024;
+
+/// Why a request body was refused. Each maps to one HTTP status; the message
+/// goes in `{"error": "..."}`, names the field and says what was expected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BodyError {
+    /// Not well-formed JSON (HTTP 400).
+    Malformed(String),
+    /// Well-formed and well-typed, but a value is not acceptable (HTTP 400).
+    Invalid(String),
+    /// Well-formed JSON with a missing, duplicated or wrongly typed field (HTTP 422).
+    Unprocessable(String),
+}
+
+impl BodyError {
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> u16 {
+        match self {
+            BodyError::Malformed(_) | BodyError::Invalid(_) => 400,
+            BodyError::Unprocessable(_) => 422,
+        }
+    }
+
+    /// The text for `{"error": ...}`.
+    pub fn message(&self) -> &str {
+        match self {
+            BodyError::Malformed(m) | BodyError::Invalid(m) | BodyError::Unprocessable(m) => m,
+        }
+    }
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for BodyError {}

@@ -1,0 +1,112 @@
+//! Ingest settings and the fixed limits that bound every queue and buffer.
+
+/// Most listeners one `Ingest` accepts (one per (instance, dp_rank)).
+pub const LISTENERS_MAX: usize = 16_384;
+/// Most distinct dp ranks one listener's batches may name (a batch's rank
+/// overrides the registered one; a publisher cannot make us track more).
+pub const DP_RANKS_PER_LISTENER_MAX: usize = 1_024;
+/// Most messages taken from one socket per poll round, so a busy publisher
+/// cannot starve the others on its thread.
+pub const RECV_BURST_MAX: usize = 256;
+/// Most control messages (add/remove listener) queued per listener thread.
+pub const CONTROL_QUEUE_MAX: usize = 1_024;
+/// Largest block size a listener accepts, in tokens.
+pub const BLOCK_SIZE_MAX: u32 = 1 << 20;
+/// Longest endpoint string accepted.
+pub const ENDPOINT_LEN_MAX: usize = 1_024;
+/// How long `remove_listener`, `remove_worker` and `sync` wait for a thread.
+pub const CONTROL_TIMEOUT_MS: u64 = 5_000;
+/// Shards and blocked listeners check for shutdown this often.
+pub const SHUTDOWN_CHECK_MS: u64 = 50;
+/// Longest `last_error` kept per listener, in bytes.
+pub const LAST_ERROR_LEN_MAX: usize = 512;
+
+/// How the ingest pipeline runs. `0` in a count means "pick from the core count".
+#[derive(Clone, Debug)]
+pub struct IngestConfig {
+    /// Listener threads (each owns many SUB sockets). 0: cores / 4, at least 1.
+    pub listener_threads: usize,
+    /// Writer shards (each owns a disjoint set of workers). 0: cores / 2, at least 1.
+    pub shard_threads: usize,
+    /// Pin listener and shard threads to cores.
+    pub pin_threads: bool,
+    /// Batches queued per shard before listeners block (back-pressure).
+    pub shard_queue_batches: usize,
+    /// How long a listener waits in one `zmq::poll`.
+    pub poll_timeout_ms: u64,
+    /// Deadline of one replay request, from send to end marker.
+    pub replay_timeout_ms: u64,
+    /// Most replies taken from one replay (the engine's default buffer holds 10,000).
+    pub replay_batches_max: usize,
+    /// Live batches one listener holds while a replay runs or the ready gate
+    /// is closed; beyond this the newest are dropped and show up as a gap.
+    pub held_batches_max: usize,
+    /// ZMQ receive high-water mark of each SUB socket, in messages.
+    pub sub_rcvhwm_batches: i32,
+    /// ZMQ reconnect interval, first and largest (zmq backs off between them).
+    pub reconnect_ivl_ms: i32,
+    pub reconnect_ivl_max_ms: i32,
+    /// ZMTP heartbeat interval; a publisher silent for 3 intervals is dropped
+    /// and reconnected. 0 disables heartbeats.
+    pub heartbeat_ivl_ms: i32,
+    /// A seq this far below the watermark is a publisher restart even without a
+    /// reconnect (see the module doc).
+    pub restart_seq_drop_min: u64,
+    /// Whether the ready gate starts open. Closed: listeners connect and hold
+    /// batches until `open_ready_gate` (startup recovery).
+    pub ready_gate_open: bool,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            listener_threads: 0,
+            shard_threads: 0,
+            pin_threads: true,
+            shard_queue_batches: 4_096,
+            poll_timeout_ms: 10,
+            replay_timeout_ms: 2_000,
+            replay_batches_max: 16_384,
+            held_batches_max: 16_384,
+            sub_rcvhwm_batches: 100_000,
+            reconnect_ivl_ms: 100,
+            reconnect_ivl_max_ms: 5_000,
+            heartbeat_ivl_ms: 1_000,
+            restart_seq_drop_min: 4_096,
+            ready_gate_open: true,
+        }
+    }
+}
+
+impl IngestConfig {
+    /// Listener and shard thread counts with the defaults filled in.
+    pub(crate) fn thread_counts(&self) -> (usize, usize) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let listeners = match self.listener_threads {
+            0 => (cores / 4).max(1),
+            n => n,
+        };
+        let shards = match self.shard_threads {
+            0 => (cores / 2).max(1),
+            n => n,
+        };
+        (listeners, shards)
+    }
+
+    /// Rejects settings that would make a queue or loop unbounded or useless.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let checks: [(bool, &str); 7] = [
+            (self.shard_queue_batches > 0, "shard_queue_batches must be at least 1"),
+            (self.poll_timeout_ms > 0, "poll_timeout_ms must be at least 1"),
+            (self.replay_timeout_ms > 0, "replay_timeout_ms must be at least 1"),
+            (self.replay_batches_max > 0, "replay_batches_max must be at least 1"),
+            (self.held_batches_max > 0, "held_batches_max must be at least 1"),
+            (self.sub_rcvhwm_batches > 0, "sub_rcvhwm_batches must be at least 1"),
+            (self.listener_threads <= 256 && self.shard_threads <= 256, "at most 256 listener and 256 shard threads"),
+        ];
+        match checks.iter().find(|(ok, _)| !ok) {
+            Some((_, why)) => Err((*why).to_string()),
+            None => Ok(()),
+        }
+    }
+}

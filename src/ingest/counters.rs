@@ -1,0 +1,76 @@
+//! Ingest counters: relaxed atomics bumped by listener and shard threads,
+//! read as one snapshot for metrics and status.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Live counters shared by every ingest thread.
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $(pub(crate) $name: AtomicU64,)*
+        }
+
+        /// A snapshot of the ingest counters (totals since start).
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct IngestCounters {
+            $($(#[$doc])* pub $name: u64,)*
+            /// Messages queued per writer shard right now.
+            pub shard_queue_depths: Vec<usize>,
+            /// Batches held by listeners right now (replay in flight or gate closed).
+            pub held_batches: u64,
+            /// Events skipped while converting, by reason.
+            pub skips: Vec<(&'static str, u64)>,
+        }
+
+        impl Counters {
+            pub(crate) fn snapshot(&self) -> IngestCounters {
+                IngestCounters {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                    ..IngestCounters::default()
+                }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Well-formed messages received from SUB sockets.
+    batches_received,
+    /// Batches whose events reached a sink (live and replayed).
+    batches_applied,
+    /// Events handed to sinks after conversion.
+    events_applied,
+    /// Messages dropped for a wrong shape (frame count, seq width).
+    malformed_messages,
+    /// Batches whose msgpack payload could not be decoded (treated as lost).
+    undecodable_batches,
+    /// Batches dropped because their seq was already dealt with.
+    duplicates_dropped,
+    /// Gaps in a listener's seq.
+    gaps_detected,
+    /// Replay requests sent.
+    replays_started,
+    /// Replays that delivered every missing batch.
+    replays_ok,
+    /// Replays that delivered some but not all missing batches.
+    replays_partial,
+    /// Replays that delivered nothing (timeout, unreachable, bad replies).
+    replays_failed,
+    /// Batches recovered through replay and applied.
+    batches_replayed,
+    /// Batches known missing and not recovered (mid-stream).
+    batches_lost,
+    /// Batches a listener missed before its first one (joined mid-stream, no replay).
+    batches_missed_at_join,
+    /// Publisher restarts detected (the workers were cleared).
+    restarts,
+    /// Workers cleared after a gap that could not be replayed.
+    resyncs,
+    /// Live batches dropped because a listener's hold buffer was full.
+    held_dropped,
+    /// Batches dropped because they named more dp ranks than a listener may track.
+    dp_rank_limit_dropped,
+    /// Workers removed through their shard.
+    workers_removed,
+}

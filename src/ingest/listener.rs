@@ -1,0 +1,577 @@
+//! A listener thread: owns many SUB sockets (one per registered publisher),
+//! their monitor sockets and any replay DEALER sockets in flight, and polls
+//! them all together. Each message is decoded here, judged by the listener's
+//! sequencer, and handed to the shard that owns its worker.
+//!
+//! Nothing here blocks on one publisher: replays are sockets in the same
+//! poll set with their own deadline, and a listener whose replay runs (or
+//! whose ready gate is closed) holds its live batches in a bounded queue.
+//! The only blocking call is the send to a full shard queue, which is the
+//! intended back-pressure.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+
+use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX};
+use super::counters::Counters;
+use super::decode::{decode_live, decode_reply, Batch, Reply};
+use super::log::LogLimiter;
+use super::replay::ReplayRun;
+use super::sequencer::{Sequencer, Verdict};
+use super::shard::{send_blocking, shard_for, ShardMsg};
+use super::sink::EventSink;
+use super::status::{ListenerId, ListenerShared};
+use crate::event::WorkerId;
+
+/// A listener ready to be run: sockets created and connected by the API.
+pub(crate) struct NewListener {
+    pub id: ListenerId,
+    /// Instance and registered dp rank.
+    pub worker: WorkerId,
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub block_size: u32,
+    pub sink: Arc<dyn EventSink>,
+    pub sub: zmq::Socket,
+    /// PAIR socket receiving the SUB socket's monitor events.
+    pub monitor: zmq::Socket,
+    pub shared: Arc<ListenerShared>,
+    /// Watermark kept from an earlier registration of the same key.
+    pub last_seq: Option<u64>,
+    /// Other dp ranks the earlier stream of the key wrote to (a snapshot's):
+    /// a restart must clear them too.
+    pub ranks_written: Vec<u32>,
+}
+
+/// Requests from the API to a listener thread.
+pub(crate) enum Control {
+    Add(Box<NewListener>),
+    /// Close the listener; once acknowledged (with its final watermark),
+    /// nothing more from it reaches a shard.
+    Remove {
+        id: ListenerId,
+        done: Sender<Option<u64>>,
+    },
+}
+
+/// What every listener thread shares.
+pub(crate) struct ThreadCtx {
+    pub ctx: zmq::Context,
+    pub cfg: IngestConfig,
+    pub shards: Vec<Sender<ShardMsg>>,
+    pub counters: Arc<Counters>,
+    pub held_gauge: Arc<AtomicU64>,
+    pub gate_open: Arc<AtomicBool>,
+    pub shutdown: Arc<AtomicBool>,
+}
+
+impl ThreadCtx {
+    fn bump(&self, counter: &AtomicU64, by: u64) {
+        counter.fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+/// One listener's state on its thread.
+struct Listener {
+    spec: NewListener,
+    seq: Sequencer,
+    /// Dp ranks this stream has named (the registered one first): the
+    /// workers a restart or resync must clear.
+    ranks: Vec<u32>,
+    /// Live batches waiting for a replay to finish or the gate to open.
+    held: VecDeque<Batch>,
+    replay: Option<ReplayRun>,
+    /// Whether a ZMQ handshake ever succeeded (for clearer errors).
+    ever_connected: bool,
+    /// TCP connected, ZMQ handshake not done yet.
+    handshaking: bool,
+    log: LogLimiter,
+}
+
+/// Which of a listener's sockets were readable after a poll.
+#[derive(Copy, Clone)]
+struct Ready {
+    monitor: bool,
+    sub: bool,
+    replay: bool,
+}
+
+/// The listener thread's loop: runs until shutdown.
+pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
+    let mut listeners: Vec<Listener> = Vec::new();
+    let poll_timeout_ms = t.cfg.poll_timeout_ms as i64;
+    while !t.shutdown.load(Ordering::Relaxed) {
+        if listeners.is_empty() {
+            match control.recv_timeout(Duration::from_millis(t.cfg.poll_timeout_ms)) {
+                Ok(msg) => handle_control(&t, &mut listeners, msg),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            continue;
+        }
+        loop {
+            match control.try_recv() {
+                Ok(msg) => handle_control(&t, &mut listeners, msg),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        let gate_open = t.gate_open.load(Ordering::Acquire);
+        for l in &mut listeners {
+            if gate_open {
+                l.drain_held(&t);
+            }
+        }
+        let ready = match poll_all(&listeners, poll_timeout_ms) {
+            Ok(ready) => ready,
+            Err(e) => {
+                // EINTR and the like: nothing was read. Pause so a lasting
+                // error cannot spin the thread.
+                crate::error!("zmq poll failed: {e}");
+                std::thread::sleep(Duration::from_millis(t.cfg.poll_timeout_ms));
+                continue;
+            }
+        };
+        for (l, r) in listeners.iter_mut().zip(ready) {
+            // Connection events first: a restart's reconnect must be known
+            // before the restarted publisher's first batch is judged.
+            if r.monitor {
+                l.read_monitor();
+            }
+            if r.sub {
+                l.read_live(&t);
+            }
+            if r.replay {
+                l.read_replies(&t);
+            }
+            l.check_replay_deadline(&t);
+        }
+    }
+}
+
+fn handle_control(t: &ThreadCtx, listeners: &mut Vec<Listener>, msg: Control) {
+    match msg {
+        Control::Add(spec) => {
+            let seq = Sequencer::new(spec.last_seq, t.cfg.restart_seq_drop_min);
+            let mut ranks = vec![spec.worker.dp_rank];
+            // Deduplicated and bounded by `seed_watermark`.
+            ranks.extend(spec.ranks_written.iter().copied().filter(|&r| r != spec.worker.dp_rank));
+            listeners.push(Listener {
+                spec: *spec,
+                seq,
+                ranks,
+                held: VecDeque::new(),
+                replay: None,
+                ever_connected: false,
+                handshaking: false,
+                log: LogLimiter::default(),
+            });
+        }
+        Control::Remove { id, done } => {
+            let last = match listeners.iter().position(|l| l.spec.id == id) {
+                Some(i) => {
+                    let l = listeners.swap_remove(i);
+                    t.held_gauge.fetch_sub(l.held.len() as u64, Ordering::Relaxed);
+                    l.seq.last()
+                }
+                None => None,
+            };
+            let _ = done.send(last);
+        }
+    }
+}
+
+fn poll_all(listeners: &[Listener], timeout_ms: i64) -> Result<Vec<Ready>, zmq::Error> {
+    let mut items = Vec::with_capacity(listeners.len() * 3);
+    for l in listeners {
+        items.push(l.spec.monitor.as_poll_item(zmq::POLLIN));
+        items.push(l.spec.sub.as_poll_item(zmq::POLLIN));
+        if let Some(run) = &l.replay {
+            items.push(run.socket.as_poll_item(zmq::POLLIN));
+        }
+    }
+    zmq::poll(&mut items, timeout_ms)?;
+    let mut ready = Vec::with_capacity(listeners.len());
+    let mut it = items.iter();
+    for l in listeners {
+        let monitor = it.next().is_some_and(|i| i.is_readable());
+        let sub = it.next().is_some_and(|i| i.is_readable());
+        let replay = l.replay.is_some() && it.next().is_some_and(|i| i.is_readable());
+        ready.push(Ready { monitor, sub, replay });
+    }
+    Ok(ready)
+}
+
+impl Listener {
+    fn read_monitor(&mut self) {
+        for _ in 0..RECV_BURST_MAX {
+            let Ok(frames) = self.spec.monitor.recv_multipart(zmq::DONTWAIT) else {
+                return;
+            };
+            let Some(head) = frames.first().filter(|f| f.len() >= 6) else {
+                continue;
+            };
+            let event = u16::from_ne_bytes([head[0], head[1]]);
+            let value = u32::from_ne_bytes([head[2], head[3], head[4], head[5]]);
+            self.on_monitor_event(event, value);
+        }
+    }
+
+    fn on_monitor_event(&mut self, event: u16, value: u32) {
+        use zmq::SocketEvent as E;
+        let endpoint = &self.spec.endpoint;
+        let shared = &self.spec.shared;
+        if event == E::CONNECTED.to_raw() {
+            // TCP is up; the peer is not known to be a publisher until the
+            // ZMQ handshake succeeds.
+            self.handshaking = true;
+        } else if event == E::HANDSHAKE_SUCCEEDED.to_raw() {
+            self.handshaking = false;
+            // The first connection needs no note: a new listener's sequencer
+            // already treats a kept watermark as crossed by a reconnect.
+            if std::mem::replace(&mut self.ever_connected, true) {
+                self.seq.note_connected();
+            }
+            shared.set_connected(true);
+        } else if event == E::DISCONNECTED.to_raw() {
+            shared.set_connected(false);
+            if std::mem::take(&mut self.handshaking) {
+                shared.set_failed(format!(
+                    "{endpoint} closed the connection during the ZMQ handshake; is it the engine's KV event PUB socket?"
+                ));
+            } else if !shared.is_failed() {
+                shared.set_error(format!("lost connection to {endpoint}; reconnecting"));
+            }
+        } else if event == E::CONNECT_RETRIED.to_raw() && !shared.is_failed() {
+            // A failure's reason says more than "retrying": keep it.
+            shared.set_error(if self.ever_connected {
+                format!("lost connection to {endpoint}; reconnecting, next try in {value} ms")
+            } else {
+                format!("cannot connect to {endpoint}; retrying in {value} ms (is the engine's KV event publisher up?)")
+            });
+        } else if event == E::HANDSHAKE_FAILED_PROTOCOL.to_raw()
+            || event == E::HANDSHAKE_FAILED_NO_DETAIL.to_raw()
+            || event == E::HANDSHAKE_FAILED_AUTH.to_raw()
+        {
+            self.handshaking = false;
+            let cause = std::io::Error::from_raw_os_error(value as i32);
+            shared.set_failed(format!(
+                "ZMQ handshake with {endpoint} failed ({cause}); is it the engine's KV event PUB socket?"
+            ));
+        }
+    }
+
+    fn read_live(&mut self, t: &ThreadCtx) {
+        for _ in 0..RECV_BURST_MAX {
+            let Ok(frames) = self.spec.sub.recv_multipart(zmq::DONTWAIT) else {
+                return;
+            };
+            match decode_live(&frames) {
+                Ok(batch) => {
+                    t.bump(&t.counters.batches_received, 1);
+                    self.spec.shared.count_received();
+                    self.note_undecodable(t, &batch);
+                    self.on_live(t, batch);
+                }
+                Err(e) => {
+                    t.bump(&t.counters.malformed_messages, 1);
+                    let endpoint = &self.spec.endpoint;
+                    self.log.warn(|| format!("dropped a malformed message from {endpoint}: {e}"));
+                }
+            }
+        }
+    }
+
+    fn note_undecodable(&mut self, t: &ThreadCtx, batch: &Batch) {
+        if let Err(e) = &batch.events {
+            t.bump(&t.counters.undecodable_batches, 1);
+            let (endpoint, seq) = (&self.spec.endpoint, batch.seq);
+            self.log.warn(|| format!("batch {seq} from {endpoint} does not decode: {e}"));
+        }
+    }
+
+    fn on_live(&mut self, t: &ThreadCtx, batch: Batch) {
+        let gate_open = t.gate_open.load(Ordering::Acquire);
+        if self.replay.is_some() || !gate_open || !self.held.is_empty() {
+            self.hold(t, batch);
+            if gate_open {
+                self.drain_held(t);
+            }
+            return;
+        }
+        self.sequence_live(t, batch);
+    }
+
+    fn hold(&mut self, t: &ThreadCtx, batch: Batch) {
+        if self.held.len() >= t.cfg.held_batches_max {
+            // Dropping the newest keeps the held run contiguous; the loss
+            // shows up as a gap once the listener catches up.
+            t.bump(&t.counters.held_dropped, 1);
+            return;
+        }
+        self.held.push_back(batch);
+        t.bump(&t.held_gauge, 1);
+    }
+
+    fn drain_held(&mut self, t: &ThreadCtx) {
+        // Bounded by the held queue: each round takes one batch out, and a
+        // replay started on the way stops the drain.
+        while self.replay.is_none() {
+            let Some(batch) = self.held.pop_front() else {
+                return;
+            };
+            t.held_gauge.fetch_sub(1, Ordering::Relaxed);
+            self.sequence_live(t, batch);
+        }
+    }
+
+    fn sequence_live(&mut self, t: &ThreadCtx, batch: Batch) {
+        // At most three rounds: a duplicate is judged again once after a
+        // monitor check, and a restart resets the sequencer, after which the
+        // batch starts a new stream and cannot be a duplicate or restart.
+        let mut monitor_checked = false;
+        for _ in 0..3 {
+            match self.seq.judge_live(batch.seq) {
+                Verdict::Apply => return self.apply(t, batch),
+                Verdict::Duplicate if !monitor_checked => {
+                    // A step back is a restart if the socket reconnected; make
+                    // sure a reconnect already queued on the monitor is known.
+                    monitor_checked = true;
+                    self.read_monitor();
+                }
+                Verdict::Duplicate => {
+                    t.bump(&t.counters.duplicates_dropped, 1);
+                    return;
+                }
+                Verdict::Restart => {
+                    t.bump(&t.counters.restarts, 1);
+                    let (endpoint, last) = (&self.spec.endpoint, self.seq.last());
+                    let seq = batch.seq;
+                    self.log.warn(|| {
+                        format!("publisher {endpoint} restarted (seq {seq} after {last:?}); clearing its workers")
+                    });
+                    self.clear_workers(t);
+                    self.seq.reset();
+                    self.spec.shared.set_last_seq(None);
+                }
+                Verdict::Gap { from, to, fresh } => {
+                    if !fresh {
+                        t.bump(&t.counters.gaps_detected, 1);
+                        let endpoint = &self.spec.endpoint;
+                        self.log.info(|| format!("gap in the stream of {endpoint}: batches {from}..{to} missing"));
+                    }
+                    if self.start_replay(t, from, to) {
+                        // The trigger is older than anything held: it goes first.
+                        self.held.push_front(batch);
+                        t.bump(&t.held_gauge, 1);
+                        return;
+                    }
+                    self.give_up(t, from, to, fresh);
+                    return self.apply(t, batch);
+                }
+            }
+        }
+    }
+
+    /// Starts a replay of `from..to` if the listener has a replay endpoint.
+    fn start_replay(&mut self, t: &ThreadCtx, from: u64, to: u64) -> bool {
+        let Some(endpoint) = self.spec.replay_endpoint.as_deref() else {
+            return false;
+        };
+        match ReplayRun::start(&t.ctx, endpoint, from, to, t.cfg.replay_timeout_ms) {
+            Ok(run) => {
+                t.bump(&t.counters.replays_started, 1);
+                self.replay = Some(run);
+                true
+            }
+            Err(e) => {
+                t.bump(&t.counters.replays_started, 1);
+                t.bump(&t.counters.replays_failed, 1);
+                self.spec.shared.set_error(e.clone());
+                self.log.warn(|| e);
+                false
+            }
+        }
+    }
+
+    /// Gives up on batches `from..to`. Mid-stream the worker may now hold
+    /// blocks the engine evicted in them, so it is cleared (a resync) and
+    /// rebuilt by later events. On a fresh stream the worker holds nothing
+    /// those batches could have changed, so it is left as is.
+    fn give_up(&mut self, t: &ThreadCtx, from: u64, to: u64, fresh: bool) {
+        debug_assert!(from < to);
+        let missing = to - from;
+        if fresh {
+            t.bump(&t.counters.batches_missed_at_join, missing);
+        } else {
+            t.bump(&t.counters.batches_lost, missing);
+            t.bump(&t.counters.resyncs, 1);
+            let endpoint = &self.spec.endpoint;
+            self.log.warn(|| format!("lost batches {from}..{to} from {endpoint}; clearing its workers to resync"));
+            self.clear_workers(t);
+        }
+        self.seq.accept(to - 1);
+    }
+
+    fn apply(&mut self, t: &ThreadCtx, batch: Batch) {
+        let seq = batch.seq;
+        let rank = batch.dp_rank.unwrap_or(self.spec.worker.dp_rank);
+        let events = match batch.events {
+            Ok(events) if self.track_rank(t, rank) => events,
+            _ => {
+                // Nothing usable in this batch: it counts as lost.
+                if self.seq.last().is_some() {
+                    self.give_up(t, seq, seq + 1, false);
+                } else {
+                    self.give_up(t, seq, seq + 1, true);
+                }
+                self.spec.shared.set_last_seq(self.seq.last());
+                return;
+            }
+        };
+        let worker = WorkerId::new(self.spec.worker.instance_id, rank);
+        let msg =
+            ShardMsg::Batch { worker, block_size: self.spec.block_size, sink: Arc::clone(&self.spec.sink), events };
+        let shard = &t.shards[shard_for(worker, t.shards.len())];
+        if !send_blocking(shard, msg, &t.shutdown) {
+            return;
+        }
+        self.seq.accept(seq);
+        self.spec.shared.set_last_seq(Some(seq));
+    }
+
+    /// Records `rank` as one this stream writes to; false past the limit.
+    fn track_rank(&mut self, t: &ThreadCtx, rank: u32) -> bool {
+        if self.ranks.contains(&rank) {
+            return true;
+        }
+        if self.ranks.len() >= DP_RANKS_PER_LISTENER_MAX {
+            t.bump(&t.counters.dp_rank_limit_dropped, 1);
+            return false;
+        }
+        self.ranks.push(rank);
+        true
+    }
+
+    /// Clears every worker this stream wrote to, through their shards, so
+    /// the clear lands after their pending batches and before any new one.
+    fn clear_workers(&self, t: &ThreadCtx) {
+        for &rank in &self.ranks {
+            let worker = WorkerId::new(self.spec.worker.instance_id, rank);
+            let msg = ShardMsg::Clear { worker, sink: Arc::clone(&self.spec.sink) };
+            send_blocking(&t.shards[shard_for(worker, t.shards.len())], msg, &t.shutdown);
+        }
+    }
+
+    fn read_replies(&mut self, t: &ThreadCtx) {
+        for _ in 0..RECV_BURST_MAX {
+            let Some(run) = self.replay.as_mut() else {
+                return;
+            };
+            let Ok(frames) = run.socket.recv_multipart(zmq::DONTWAIT) else {
+                return;
+            };
+            run.replies += 1;
+            let over_budget = run.replies >= t.cfg.replay_batches_max;
+            match decode_reply(&frames) {
+                Ok(Reply::End) => return self.finish_replay(t),
+                Ok(Reply::Batch(batch)) => self.on_replayed(t, batch),
+                Err(e) => {
+                    t.bump(&t.counters.malformed_messages, 1);
+                    let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or("");
+                    self.log.warn(|| format!("dropped a malformed replay reply from {endpoint}: {e}"));
+                }
+            }
+            if over_budget && self.replay.is_some() {
+                return self.finish_replay(t);
+            }
+        }
+    }
+
+    fn on_replayed(&mut self, t: &ThreadCtx, batch: Batch) {
+        let Some(to) = self.replay.as_ref().map(|run| run.to) else {
+            return;
+        };
+        if batch.seq >= to {
+            // Replies come in seq order: everything below `to` has been sent.
+            return self.finish_replay(t);
+        }
+        self.note_undecodable(t, &batch);
+        match self.seq.judge_replayed(batch.seq) {
+            Verdict::Apply => {
+                self.apply(t, batch);
+                self.count_replayed(1);
+            }
+            Verdict::Gap { from, fresh, .. } => {
+                // The buffer no longer holds (or skipped) `from..seq`.
+                if let Some(run) = self.replay.as_mut() {
+                    run.missing += batch.seq - from;
+                }
+                self.give_up(t, from, batch.seq, fresh);
+                self.apply(t, batch);
+                self.count_replayed(1);
+            }
+            Verdict::Duplicate | Verdict::Restart => {
+                t.bump(&t.counters.duplicates_dropped, 1);
+            }
+        }
+        if self.seq.last() == Some(to - 1) {
+            self.finish_replay(t);
+        }
+    }
+
+    fn count_replayed(&mut self, n: u64) {
+        if let Some(run) = self.replay.as_mut() {
+            run.applied += n;
+        }
+    }
+
+    fn check_replay_deadline(&mut self, t: &ThreadCtx) {
+        if self.replay.as_ref().is_some_and(|run| Instant::now() >= run.deadline) {
+            let endpoint = self.spec.replay_endpoint.clone().unwrap_or_default();
+            self.spec
+                .shared
+                .set_error(format!("replay from {endpoint} timed out after {} ms", t.cfg.replay_timeout_ms));
+            self.finish_replay(t);
+        }
+    }
+
+    /// Ends the replay: whatever of `from..to` did not arrive is given up,
+    /// the outcome is counted, and held live batches resume.
+    fn finish_replay(&mut self, t: &ThreadCtx) {
+        let Some(run) = self.replay.take() else {
+            return;
+        };
+        let mut missing = run.missing;
+        let next = self.seq.last().map_or(0, |last| last + 1);
+        if next < run.to {
+            missing += run.to - next;
+            let fresh = self.seq.last().is_none();
+            self.give_up(t, next, run.to, fresh);
+        }
+        t.bump(&t.counters.batches_replayed, run.applied);
+        let outcome = if missing == 0 {
+            &t.counters.replays_ok
+        } else if run.applied > 0 {
+            &t.counters.replays_partial
+        } else {
+            &t.counters.replays_failed
+        };
+        t.bump(outcome, 1);
+        let (from, to, applied) = (run.from, run.to, run.applied);
+        let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or("");
+        if missing > 0 {
+            self.log.warn(|| format!("replay of {from}..{to} from {endpoint} missed {missing} batches"));
+        } else {
+            self.log.info(|| format!("replayed batches {from}..{to} from {endpoint} ({applied} applied)"));
+        }
+        self.spec.shared.set_last_seq(self.seq.last());
+        if t.gate_open.load(Ordering::Acquire) {
+            self.drain_held(t);
+        }
+    }
+}

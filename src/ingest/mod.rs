@@ -1,0 +1,88 @@
+//! Ingest: from engine ZMQ publishers to the index, in per-worker order,
+//! without drifting from the engines' true cache state, and without one slow
+//! or dead engine holding up the others.
+//!
+//! # Shape
+//!
+//! Listener threads (pinned) each own many SUB sockets and poll them
+//! together. A listener checks each message's shape (3 frames, 8-byte seq),
+//! decodes the msgpack batch, judges its seq, and sends it to the writer
+//! shard that owns the worker: a stable hash of (instance, dp_rank) modulo
+//! the shard count. The send blocks when the shard's bounded queue is full;
+//! the SUB socket's high-water mark then drops messages, and the loss shows
+//! up as a seq gap, handled below. Shards own each worker's converter and
+//! apply events to the worker's [`EventSink`]. Clears and removals travel
+//! the same queue, so they land after the worker's earlier batches and
+//! before its later ones.
+//!
+//! # Sequence rules
+//!
+//! Each listener key (instance, registered dp_rank) has a watermark `last`,
+//! the highest seq dealt with. A batch with seq `s`:
+//!
+//! - `s == last + 1`: applied.
+//! - `s <= last`: a *restart* if `s == 0`, or the SUB socket reconnected
+//!   since `last` was accepted, or `s` is at least `restart_seq_drop_min`
+//!   (default 4096) below `last`; otherwise a stale *duplicate*, dropped
+//!   and counted. The reconnect rule is why this works: a publisher never
+//!   resends a delivered message on a new connection, so a step back on one
+//!   can only come from a new process, while duplicates on one connection
+//!   (replay overlap, a buggy publisher) stay close to the watermark.
+//! - `s > last + 1`: a *gap* `last+1..s`. With a replay endpoint the
+//!   listener asks for it (DEALER `[b"", from]`), holds the worker's live
+//!   batches meanwhile, applies the replies in order, then the held batches.
+//!   Without one, or for whatever the replay does not deliver, see resync.
+//!
+//! A new listener has no watermark unless an earlier registration of the
+//! same key left one (watermarks survive remove/add). Its first batch is
+//! applied if `s == 0`; otherwise batches `0..s` are replayed when it can.
+//!
+//! # Restart
+//!
+//! A restarted engine's cache is empty. On a restart the listener sends a
+//! clear for every worker its stream has written to (through their shards,
+//! so it lands before the new stream's first batch), resets the converters
+//! and forgets the watermark; the batch then starts a new stream as above.
+//! No block of the old process survives.
+//!
+//! # Resync
+//!
+//! A gap mid-stream that cannot be recovered (no replay endpoint, a replay
+//! that times out, replies starting later than asked or skipping seqs, an
+//! undecodable batch) may have hidden evictions, so keeping the worker's
+//! blocks could claim blocks the engine no longer has. The listener clears
+//! the worker instead (a *resync*, counted with the lost batches) and later
+//! events rebuild it. Stores whose parent was lost are dropped by the index,
+//! so after a resync the worker holds a subset of the engine's blocks, never
+//! a stale one. Batches missing at the *start* of a stream (a new listener
+//! joining late, or after a restart) need no clear: nothing the worker holds
+//! can have been touched by them; they are counted as missed at join.
+//!
+//! # Lifecycle
+//!
+//! A listener is `pending` until the SUB socket's monitor reports a
+//! connection whose ZMQ handshake succeeded, then `active`; `paused` while
+//! the global ready gate is closed (startup recovery: batches are held,
+//! bounded, and applied in order when it opens); `failed` when the peer is
+//! no ZMQ publisher (handshake failed, or the connection dropped during it).
+//! ZMQ reconnects on its own with backoff; a disconnect puts the listener
+//! back to `pending` with `last_error` saying so. Endpoints ZMQ cannot parse
+//! are rejected by `add_listener`.
+
+mod config;
+mod counters;
+mod decode;
+mod listener;
+mod log;
+mod replay;
+mod sequencer;
+mod service;
+mod shard;
+mod sink;
+mod status;
+
+pub use config::{IngestConfig, BLOCK_SIZE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, LISTENERS_MAX};
+pub use counters::IngestCounters;
+pub use service::{Ingest, IngestError, ListenerSpec};
+pub use sink::EventSink;
+pub use status::{ListenerId, ListenerInfo, ListenerStatus};

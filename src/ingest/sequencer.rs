@@ -1,0 +1,199 @@
+//! The per-listener sequence watermark: judges each batch's `seq` against
+//! the last one accepted and says what to do. Pure state, no sockets, so the
+//! rules in the module doc of `ingest` are tested here directly.
+//!
+//! A publisher numbers its batches from 0, one counter per process. The
+//! sequencer keeps `last`, the highest seq whose content has been dealt with
+//! (applied, or given up as lost), and whether the socket reconnected since.
+
+/// What the listener must do with a batch, given its seq.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The next batch in order: apply it, then `accept` it.
+    Apply,
+    /// Already dealt with: drop it.
+    Duplicate,
+    /// The publisher restarted: clear its workers, `reset`, then judge the
+    /// batch again (it is then the first batch of a new stream).
+    Restart,
+    /// Batches `from..to` are missing before this one. `fresh` says nothing
+    /// was accepted yet on this stream (the listener joined mid-stream), so
+    /// the worker holds nothing the missing batches could have changed.
+    Gap { from: u64, to: u64, fresh: bool },
+}
+
+/// Seq watermark of one listener key.
+#[derive(Clone, Debug)]
+pub(crate) struct Sequencer {
+    last: Option<u64>,
+    /// A new connection was made since the last accepted batch. A publisher
+    /// never resends delivered messages on a new connection, so a seq at or
+    /// below the watermark that arrives on one comes from a new process.
+    reconnected: bool,
+    /// A drop of at least this many below the watermark is a restart even
+    /// without a reconnect, in case the reconnect went unnoticed.
+    restart_seq_drop_min: u64,
+}
+
+impl Sequencer {
+    /// A sequencer resuming from `last` (kept across unregister/register).
+    pub(crate) fn new(last: Option<u64>, restart_seq_drop_min: u64) -> Self {
+        Self {
+            last,
+            // A new listener is a new connection: anything at or below a
+            // watermark kept from an earlier registration is a new process.
+            reconnected: last.is_some(),
+            restart_seq_drop_min: restart_seq_drop_min.max(1),
+        }
+    }
+
+    /// The highest seq dealt with, if any.
+    pub(crate) fn last(&self) -> Option<u64> {
+        self.last
+    }
+
+    /// Judges a live batch.
+    pub(crate) fn judge_live(&self, seq: u64) -> Verdict {
+        let Some(last) = self.last else {
+            return if seq == 0 { Verdict::Apply } else { Verdict::Gap { from: 0, to: seq, fresh: true } };
+        };
+        if seq <= last {
+            let drop = last - seq;
+            if seq == 0 || self.reconnected || drop >= self.restart_seq_drop_min {
+                return Verdict::Restart;
+            }
+            return Verdict::Duplicate;
+        }
+        if seq == last + 1 {
+            Verdict::Apply
+        } else {
+            Verdict::Gap { from: last + 1, to: seq, fresh: false }
+        }
+    }
+
+    /// Judges a batch replayed from the publisher's buffer. Replies come
+    /// from the buffer of the process we are replaying from, so a seq at or
+    /// below the watermark is a duplicate, never a restart.
+    pub(crate) fn judge_replayed(&self, seq: u64) -> Verdict {
+        match self.last {
+            Some(last) if seq <= last => Verdict::Duplicate,
+            _ => self.judge_live(seq),
+        }
+    }
+
+    /// Marks `seq` as dealt with (applied or given up as lost).
+    pub(crate) fn accept(&mut self, seq: u64) {
+        debug_assert!(self.last.is_none_or(|last| seq > last), "watermark must only move forward");
+        self.last = Some(seq);
+        self.reconnected = false;
+    }
+
+    /// Forgets the watermark: the next batch starts a new stream.
+    pub(crate) fn reset(&mut self) {
+        self.last = None;
+        self.reconnected = false;
+    }
+
+    /// Notes that the socket (re)connected to the publisher.
+    pub(crate) fn note_connected(&mut self) {
+        if self.last.is_some() {
+            self.reconnected = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: u64 = 100;
+
+    fn at(last: u64) -> Sequencer {
+        let mut s = Sequencer::new(None, WINDOW);
+        s.accept(last);
+        s
+    }
+
+    #[test]
+    fn in_order_batches_apply() {
+        let mut s = Sequencer::new(None, WINDOW);
+        assert_eq!(s.judge_live(0), Verdict::Apply);
+        s.accept(0);
+        assert_eq!(s.judge_live(1), Verdict::Apply);
+        s.accept(1);
+        assert_eq!(s.last(), Some(1));
+    }
+
+    #[test]
+    fn first_batch_after_zero_is_a_fresh_gap() {
+        let s = Sequencer::new(None, WINDOW);
+        assert_eq!(s.judge_live(7), Verdict::Gap { from: 0, to: 7, fresh: true });
+    }
+
+    #[test]
+    fn skipped_seqs_are_a_gap() {
+        let s = at(10);
+        assert_eq!(s.judge_live(14), Verdict::Gap { from: 11, to: 14, fresh: false });
+    }
+
+    #[test]
+    fn a_small_step_back_on_the_same_connection_is_a_duplicate() {
+        let s = at(10);
+        assert_eq!(s.judge_live(10), Verdict::Duplicate);
+        assert_eq!(s.judge_live(3), Verdict::Duplicate);
+    }
+
+    #[test]
+    fn seq_zero_below_the_watermark_is_a_restart() {
+        assert_eq!(at(10).judge_live(0), Verdict::Restart);
+        assert_eq!(at(0).judge_live(0), Verdict::Restart);
+    }
+
+    #[test]
+    fn a_large_drop_is_a_restart() {
+        let s = at(1000);
+        assert_eq!(s.judge_live(1000 - WINDOW), Verdict::Restart);
+        assert_eq!(s.judge_live(1000 - WINDOW + 1), Verdict::Duplicate);
+    }
+
+    #[test]
+    fn any_step_back_after_a_reconnect_is_a_restart() {
+        let mut s = at(10);
+        s.note_connected();
+        assert_eq!(s.judge_live(9), Verdict::Restart);
+        // A batch that continues the stream clears the suspicion.
+        assert_eq!(s.judge_live(11), Verdict::Apply);
+        s.accept(11);
+        assert_eq!(s.judge_live(9), Verdict::Duplicate);
+    }
+
+    #[test]
+    fn a_kept_watermark_treats_a_step_back_as_a_restart() {
+        let s = Sequencer::new(Some(50), WINDOW);
+        assert_eq!(s.judge_live(49), Verdict::Restart);
+        assert_eq!(s.judge_live(51), Verdict::Apply);
+    }
+
+    #[test]
+    fn reset_starts_a_new_stream() {
+        let mut s = at(10);
+        s.reset();
+        assert_eq!(s.judge_live(0), Verdict::Apply);
+        assert_eq!(s.judge_live(2), Verdict::Gap { from: 0, to: 2, fresh: true });
+    }
+
+    #[test]
+    fn replayed_step_back_is_never_a_restart() {
+        let mut s = at(10);
+        s.note_connected();
+        assert_eq!(s.judge_replayed(0), Verdict::Duplicate);
+        assert_eq!(s.judge_replayed(10), Verdict::Duplicate);
+        assert_eq!(s.judge_replayed(11), Verdict::Apply);
+    }
+
+    #[test]
+    fn seq_near_the_top_does_not_overflow() {
+        let s = at(u64::MAX - 1);
+        assert_eq!(s.judge_live(u64::MAX), Verdict::Apply);
+    }
+}

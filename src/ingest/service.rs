@@ -1,0 +1,525 @@
+//! The ingest pipeline's public face: starts the listener and shard
+//! threads, adds and removes listeners, and reports status and counters.
+//! Sockets are created and connected here, on the caller's thread, so a bad
+//! endpoint is an error returned to the caller; then they move to the
+//! least-loaded listener thread, which owns them from then on.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam::channel::{bounded, Sender};
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use super::config::{
+    IngestConfig, BLOCK_SIZE_MAX, CONTROL_QUEUE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, ENDPOINT_LEN_MAX,
+    LISTENERS_MAX,
+};
+use super::counters::{Counters, IngestCounters};
+use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
+use super::shard::{run_shard, shard_for, ShardMsg};
+use super::sink::EventSink;
+use super::status::{ListenerId, ListenerInfo, ListenerShared};
+use crate::event::WorkerId;
+use crate::wire::SkipCounters;
+
+/// Most watermarks kept for removed listeners. Past it an arbitrary one is
+/// forgotten, which only means that key's next registration starts fresh.
+const WATERMARKS_KEPT_MAX: usize = 65_536;
+
+/// What `add_listener` needs to subscribe to one publisher.
+#[derive(Clone)]
+pub struct ListenerSpec {
+    /// Instance and registered dp rank (a rank inside a batch overrides it).
+    pub worker: WorkerId,
+    /// The engine's ZMQ PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
+    pub endpoint: String,
+    /// The engine's ZMQ ROUTER replay endpoint, if it has one.
+    pub replay_endpoint: Option<String>,
+    /// Tokens per block of the index this worker feeds.
+    pub block_size: u32,
+    /// The (model, tenant) index the events go to.
+    pub sink: Arc<dyn EventSink>,
+}
+
+impl fmt::Debug for ListenerSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ListenerSpec")
+            .field("worker", &self.worker)
+            .field("endpoint", &self.endpoint)
+            .field("replay_endpoint", &self.replay_endpoint)
+            .field("block_size", &self.block_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why an ingest call failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IngestError {
+    /// The configuration is unusable.
+    InvalidConfig(String),
+    /// ZMQ rejected the endpoint.
+    BadEndpoint { endpoint: String, reason: String },
+    /// A field of the listener spec is out of range.
+    InvalidSpec(String),
+    /// A listener for this (instance, dp_rank) already runs.
+    AlreadyRegistered(WorkerId),
+    /// No listener has this id.
+    UnknownListener(ListenerId),
+    /// `LISTENERS_MAX` listeners already run.
+    TooManyListeners(usize),
+    /// A pipeline thread did not answer in time.
+    Timeout(&'static str),
+    /// The pipeline is shut down.
+    ShutDown,
+    /// ZMQ could not create a socket or thread.
+    Resource(String),
+}
+
+impl fmt::Display for IngestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IngestError::InvalidConfig(why) => write!(f, "invalid ingest configuration: {why}"),
+            IngestError::BadEndpoint { endpoint, reason } => {
+                write!(f, "bad endpoint {endpoint:?}: {reason}; expected a ZMQ address such as tcp://host:5557")
+            }
+            IngestError::InvalidSpec(why) => write!(f, "invalid listener: {why}"),
+            IngestError::AlreadyRegistered(w) => write!(
+                f,
+                "instance {} dp_rank {} already has a listener; unregister it first",
+                w.instance_id, w.dp_rank
+            ),
+            IngestError::UnknownListener(id) => write!(f, "no {id}"),
+            IngestError::TooManyListeners(max) => {
+                write!(f, "{max} listeners already run; unregister some first")
+            }
+            IngestError::Timeout(what) => {
+                write!(f, "{what} did not complete within {CONTROL_TIMEOUT_MS} ms; an event sink may be stuck")
+            }
+            IngestError::ShutDown => write!(f, "the ingest pipeline is shut down"),
+            IngestError::Resource(why) => write!(f, "cannot create ingest resources: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for IngestError {}
+
+/// A running listener as the registry knows it.
+struct ListenerEntry {
+    worker: WorkerId,
+    endpoint: String,
+    replay_endpoint: Option<String>,
+    block_size: u32,
+    shared: Arc<ListenerShared>,
+    thread: usize,
+}
+
+#[derive(Default)]
+struct Registry {
+    listeners: BTreeMap<ListenerId, ListenerEntry>,
+    /// Keys with a listener, including one being removed.
+    by_worker: FxHashMap<WorkerId, ListenerId>,
+    /// Watermarks of removed listeners, by key.
+    watermarks: FxHashMap<WorkerId, u64>,
+    /// Extra dp ranks a seeded key's earlier stream wrote to (`seed_watermark`).
+    seeded_ranks: FxHashMap<WorkerId, Vec<u32>>,
+    next_id: u64,
+    thread_load: Vec<usize>,
+}
+
+/// The ingest pipeline: listener threads, writer shards and their registry.
+/// Shared as `Arc<Ingest>`; `shutdown` (or drop) stops every thread.
+pub struct Ingest {
+    // Senders first: dropping them lets threads see the end, and sockets
+    // still queued in a control channel close before the context does.
+    listener_txs: Vec<Sender<Control>>,
+    shards: Vec<Sender<ShardMsg>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    registry: Mutex<Registry>,
+    counters: Arc<Counters>,
+    skips: Arc<SkipCounters>,
+    held_gauge: Arc<AtomicU64>,
+    gate_open: Arc<AtomicBool>,
+    shutdown: Arc<AtomicBool>,
+    cfg: IngestConfig,
+    /// Tells this pipeline's inproc monitor addresses from another's.
+    uid: u64,
+    ctx: zmq::Context,
+}
+
+static NEXT_INGEST_UID: AtomicU64 = AtomicU64::new(0);
+
+impl Ingest {
+    /// Starts the listener and shard threads.
+    pub fn start(cfg: IngestConfig) -> Result<Ingest, IngestError> {
+        cfg.validate().map_err(IngestError::InvalidConfig)?;
+        let (listener_count, shard_count) = cfg.thread_counts();
+        let ctx = zmq::Context::new();
+        let counters = Arc::new(Counters::default());
+        let skips = Arc::new(SkipCounters::default());
+        let held_gauge = Arc::new(AtomicU64::new(0));
+        let gate_open = Arc::new(AtomicBool::new(cfg.ready_gate_open));
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let cores = if cfg.pin_threads { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+        let core_for = |i: usize| (!cores.is_empty()).then(|| cores[i % cores.len()]);
+
+        let mut threads = Vec::new();
+        let mut shards = Vec::new();
+        let spawn_err = |e: std::io::Error| IngestError::Resource(e.to_string());
+        for j in 0..shard_count {
+            let (tx, rx) = bounded(cfg.shard_queue_batches);
+            shards.push(tx);
+            let (skips, counters, shutdown) = (skips.clone(), counters.clone(), shutdown.clone());
+            let core = core_for(listener_count + j);
+            let handle = std::thread::Builder::new()
+                .name(format!("kvi-shard-{j}"))
+                .spawn(move || {
+                    if let Some(core) = core {
+                        core_affinity::set_for_current(core);
+                    }
+                    run_shard(rx, skips, counters, shutdown)
+                })
+                .map_err(spawn_err)?;
+            threads.push(handle);
+        }
+        let mut listener_txs = Vec::new();
+        for i in 0..listener_count {
+            let (tx, rx) = bounded(CONTROL_QUEUE_MAX);
+            listener_txs.push(tx);
+            let t = ThreadCtx {
+                ctx: ctx.clone(),
+                cfg: cfg.clone(),
+                shards: shards.clone(),
+                counters: counters.clone(),
+                held_gauge: held_gauge.clone(),
+                gate_open: gate_open.clone(),
+                shutdown: shutdown.clone(),
+            };
+            let core = core_for(i);
+            let handle = std::thread::Builder::new()
+                .name(format!("kvi-listen-{i}"))
+                .spawn(move || {
+                    if let Some(core) = core {
+                        core_affinity::set_for_current(core);
+                    }
+                    run_listener_thread(t, rx)
+                })
+                .map_err(spawn_err)?;
+            threads.push(handle);
+        }
+        let registry = Registry { thread_load: vec![0; listener_count], ..Registry::default() };
+        Ok(Ingest {
+            listener_txs,
+            shards,
+            threads: Mutex::new(threads),
+            registry: Mutex::new(registry),
+            counters,
+            skips,
+            held_gauge,
+            gate_open,
+            shutdown,
+            cfg,
+            uid: NEXT_INGEST_UID.fetch_add(1, Ordering::Relaxed),
+            ctx,
+        })
+    }
+
+    /// Subscribes to one publisher. Returns once the socket is connecting;
+    /// its status is `pending` until the first connection succeeds.
+    pub fn add_listener(&self, spec: ListenerSpec) -> Result<ListenerId, IngestError> {
+        if self.shutdown.load(Ordering::Relaxed) {
+            return Err(IngestError::ShutDown);
+        }
+        check_spec(&spec)?;
+        let mut reg = self.registry.lock();
+        if reg.by_worker.contains_key(&spec.worker) {
+            return Err(IngestError::AlreadyRegistered(spec.worker));
+        }
+        if reg.listeners.len() >= LISTENERS_MAX {
+            return Err(IngestError::TooManyListeners(LISTENERS_MAX));
+        }
+        // Checked first, so a bad endpoint leaves no socket or monitor behind.
+        self.check_endpoint(&spec.endpoint)?;
+        if let Some(replay) = &spec.replay_endpoint {
+            self.check_endpoint(replay)?;
+        }
+        // Ids are never reused, even after a failed add: each names an
+        // inproc monitor address that must stay unique.
+        let id = ListenerId(reg.next_id);
+        reg.next_id += 1;
+        let (sub, monitor) = self.open_sub(id, &spec.endpoint)?;
+        let last_seq = reg.watermarks.get(&spec.worker).copied();
+        let ranks_written = reg.seeded_ranks.get(&spec.worker).cloned().unwrap_or_default();
+        let label = format!("instance {} dp_rank {} ({})", spec.worker.instance_id, spec.worker.dp_rank, spec.endpoint);
+        let shared = Arc::new(ListenerShared::new(label, last_seq));
+        let thread = (0..reg.thread_load.len()).min_by_key(|&i| reg.thread_load[i]).unwrap_or(0);
+        let new = NewListener {
+            id,
+            worker: spec.worker,
+            endpoint: spec.endpoint.clone(),
+            replay_endpoint: spec.replay_endpoint.clone(),
+            block_size: spec.block_size,
+            sink: spec.sink,
+            sub,
+            monitor,
+            shared: Arc::clone(&shared),
+            last_seq,
+            ranks_written,
+        };
+        self.listener_txs[thread]
+            .send_timeout(Control::Add(Box::new(new)), Duration::from_millis(CONTROL_TIMEOUT_MS))
+            .map_err(|_| IngestError::Timeout("adding a listener"))?;
+        reg.thread_load[thread] += 1;
+        reg.watermarks.remove(&spec.worker);
+        reg.seeded_ranks.remove(&spec.worker);
+        reg.by_worker.insert(spec.worker, id);
+        reg.listeners.insert(
+            id,
+            ListenerEntry {
+                worker: spec.worker,
+                endpoint: spec.endpoint,
+                replay_endpoint: spec.replay_endpoint,
+                block_size: spec.block_size,
+                shared,
+                thread,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Closes a listener. Once this returns, nothing more from it reaches
+    /// a shard; its watermark is kept for a later registration of the key.
+    /// The worker's blocks stay until `remove_worker`.
+    pub fn remove_listener(&self, id: ListenerId) -> Result<(), IngestError> {
+        let entry = self.registry.lock().listeners.remove(&id).ok_or(IngestError::UnknownListener(id))?;
+        let (done_tx, done_rx) = bounded(1);
+        let timeout = Duration::from_millis(CONTROL_TIMEOUT_MS);
+        let outcome = self.listener_txs[entry.thread]
+            .send_timeout(Control::Remove { id, done: done_tx }, timeout)
+            .ok()
+            .and_then(|()| done_rx.recv_timeout(timeout).ok());
+        let mut reg = self.registry.lock();
+        reg.by_worker.remove(&entry.worker);
+        reg.thread_load[entry.thread] -= 1;
+        match outcome {
+            Some(Some(last)) => {
+                if reg.watermarks.len() >= WATERMARKS_KEPT_MAX {
+                    if let Some(&old) = reg.watermarks.keys().next() {
+                        reg.watermarks.remove(&old);
+                    }
+                }
+                reg.watermarks.insert(entry.worker, last);
+                Ok(())
+            }
+            Some(None) => Ok(()),
+            None => Err(IngestError::Timeout("removing a listener")),
+        }
+    }
+
+    /// Seeds the watermark of `worker`'s next listener, as if an earlier
+    /// listener of the key had dealt with batches up to `last_seq` (a
+    /// snapshot's). Its first batch then continues the stream: `last_seq + 1`
+    /// applies, a later seq is a gap replayed from `last_seq + 1`, and a seq
+    /// at or below it is a restart that clears the registered rank and
+    /// `ranks_written` (other dp ranks that stream wrote to). Call before
+    /// `add_listener` for the key.
+    pub fn seed_watermark(&self, worker: WorkerId, last_seq: u64, ranks_written: &[u32]) -> Result<(), IngestError> {
+        let mut reg = self.registry.lock();
+        if reg.by_worker.contains_key(&worker) {
+            return Err(IngestError::AlreadyRegistered(worker));
+        }
+        if !reg.watermarks.contains_key(&worker) && reg.watermarks.len() >= WATERMARKS_KEPT_MAX {
+            return Err(IngestError::InvalidSpec(format!("more than {WATERMARKS_KEPT_MAX} watermarks")));
+        }
+        reg.watermarks.insert(worker, last_seq);
+        let mut ranks: Vec<u32> = Vec::new();
+        for &r in ranks_written {
+            if r != worker.dp_rank && !ranks.contains(&r) && ranks.len() + 1 < DP_RANKS_PER_LISTENER_MAX {
+                ranks.push(r);
+            }
+        }
+        reg.seeded_ranks.insert(worker, ranks);
+        Ok(())
+    }
+
+    /// The watermark (highest seq dealt with) of every running listener that
+    /// has one, by key. A snapshot pairs these with the index state.
+    pub fn watermarks(&self) -> Vec<(WorkerId, u64)> {
+        let reg = self.registry.lock();
+        reg.listeners.values().filter_map(|e| e.shared.last_seq().map(|s| (e.worker, s))).collect()
+    }
+
+    /// Removes `worker` from `sink` through its shard, after every batch of
+    /// it already queued. Returns once done. Remove its listener first, or
+    /// later live events bring the worker back.
+    pub fn remove_worker(&self, worker: WorkerId, sink: Arc<dyn EventSink>) -> Result<(), IngestError> {
+        if self.shutdown.load(Ordering::Relaxed) {
+            return Err(IngestError::ShutDown);
+        }
+        let (done_tx, done_rx) = bounded(1);
+        let timeout = Duration::from_millis(CONTROL_TIMEOUT_MS);
+        let msg = ShardMsg::Remove { worker, sink, done: done_tx };
+        self.shards[shard_for(worker, self.shards.len())]
+            .send_timeout(msg, timeout)
+            .map_err(|_| IngestError::Timeout("removing a worker"))?;
+        done_rx.recv_timeout(timeout).map_err(|_| IngestError::Timeout("removing a worker"))
+    }
+
+    /// The listener registered for `worker` (instance, registered dp rank).
+    pub fn listener_for(&self, worker: WorkerId) -> Option<ListenerId> {
+        let reg = self.registry.lock();
+        reg.by_worker.get(&worker).copied().filter(|id| reg.listeners.contains_key(id))
+    }
+
+    /// Every listener's status, by id.
+    pub fn listener_status(&self) -> Vec<ListenerInfo> {
+        let gate_open = self.gate_open.load(Ordering::Acquire);
+        let reg = self.registry.lock();
+        reg.listeners.iter().map(|(&id, e)| info(id, e, gate_open)).collect()
+    }
+
+    /// One listener's status.
+    pub fn listener_info(&self, id: ListenerId) -> Option<ListenerInfo> {
+        let gate_open = self.gate_open.load(Ordering::Acquire);
+        let reg = self.registry.lock();
+        reg.listeners.get(&id).map(|e| info(id, e, gate_open))
+    }
+
+    /// Opens the ready gate: listeners apply the batches they held, in
+    /// order, then run live. Idempotent.
+    pub fn open_ready_gate(&self) {
+        self.gate_open.store(true, Ordering::Release);
+    }
+
+    /// Whether the ready gate is open.
+    pub fn is_ready(&self) -> bool {
+        self.gate_open.load(Ordering::Acquire)
+    }
+
+    /// A snapshot of the counters, queue depths and skip reasons.
+    pub fn counters(&self) -> IngestCounters {
+        let mut snap = self.counters.snapshot();
+        snap.shard_queue_depths = self.shards.iter().map(|tx| tx.len()).collect();
+        snap.held_batches = self.held_gauge.load(Ordering::Relaxed);
+        snap.skips = self.skips.snapshot();
+        snap
+    }
+
+    /// Waits until every shard has handled everything queued to it so far.
+    /// Batches still in sockets or held by listeners are not covered.
+    pub fn sync_shards(&self) -> Result<(), IngestError> {
+        let timeout = Duration::from_millis(CONTROL_TIMEOUT_MS);
+        let mut waits = Vec::with_capacity(self.shards.len());
+        for tx in &self.shards {
+            let (done_tx, done_rx) = bounded(1);
+            tx.send_timeout(ShardMsg::Sync(done_tx), timeout).map_err(|_| IngestError::Timeout("syncing shards"))?;
+            waits.push(done_rx);
+        }
+        for rx in waits {
+            rx.recv_timeout(timeout).map_err(|_| IngestError::Timeout("syncing shards"))?;
+        }
+        Ok(())
+    }
+
+    /// The configuration the pipeline runs with.
+    pub fn config(&self) -> &IngestConfig {
+        &self.cfg
+    }
+
+    /// Stops every thread and closes every socket. Threads notice within
+    /// `poll_timeout_ms` (listeners) or 50 ms (shards, blocked sends).
+    /// Idempotent.
+    pub fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for handle in threads {
+            let _ = handle.join();
+        }
+    }
+
+    fn open_sub(&self, id: ListenerId, endpoint: &str) -> Result<(zmq::Socket, zmq::Socket), IngestError> {
+        let res = |e: zmq::Error| IngestError::Resource(e.to_string());
+        let cfg = &self.cfg;
+        let sub = self.ctx.socket(zmq::SUB).map_err(res)?;
+        sub.set_linger(0).map_err(res)?;
+        sub.set_rcvhwm(cfg.sub_rcvhwm_batches).map_err(res)?;
+        sub.set_reconnect_ivl(cfg.reconnect_ivl_ms).map_err(res)?;
+        sub.set_reconnect_ivl_max(cfg.reconnect_ivl_max_ms).map_err(res)?;
+        if cfg.heartbeat_ivl_ms > 0 {
+            sub.set_heartbeat_ivl(cfg.heartbeat_ivl_ms).map_err(res)?;
+            sub.set_heartbeat_timeout(cfg.heartbeat_ivl_ms.saturating_mul(3)).map_err(res)?;
+        }
+        sub.set_subscribe(b"").map_err(res)?;
+        let monitor_endpoint = format!("inproc://kv-indexer-ingest-{}-monitor-{}", self.uid, id.0);
+        let events = [
+            zmq::SocketEvent::CONNECTED,
+            zmq::SocketEvent::HANDSHAKE_SUCCEEDED,
+            zmq::SocketEvent::DISCONNECTED,
+            zmq::SocketEvent::CONNECT_RETRIED,
+            zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL,
+            zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL,
+            zmq::SocketEvent::HANDSHAKE_FAILED_AUTH,
+        ]
+        .iter()
+        .fold(0i32, |mask, e| mask | i32::from(e.to_raw()));
+        sub.monitor(&monitor_endpoint, events).map_err(res)?;
+        let monitor = self.ctx.socket(zmq::PAIR).map_err(res)?;
+        monitor.set_linger(0).map_err(res)?;
+        monitor.connect(&monitor_endpoint).map_err(res)?;
+        sub.connect(endpoint)
+            .map_err(|e| IngestError::BadEndpoint { endpoint: endpoint.to_string(), reason: e.to_string() })?;
+        Ok((sub, monitor))
+    }
+
+    /// Lets ZMQ parse `endpoint` without keeping a connection.
+    fn check_endpoint(&self, endpoint: &str) -> Result<(), IngestError> {
+        let probe = self.ctx.socket(zmq::DEALER).map_err(|e| IngestError::Resource(e.to_string()))?;
+        probe.set_linger(0).map_err(|e| IngestError::Resource(e.to_string()))?;
+        probe
+            .connect(endpoint)
+            .map_err(|e| IngestError::BadEndpoint { endpoint: endpoint.to_string(), reason: e.to_string() })
+    }
+}
+
+impl Drop for Ingest {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn check_spec(spec: &ListenerSpec) -> Result<(), IngestError> {
+    if spec.block_size == 0 || spec.block_size > BLOCK_SIZE_MAX {
+        return Err(IngestError::InvalidSpec(format!(
+            "block_size {} is outside 1..={BLOCK_SIZE_MAX}",
+            spec.block_size
+        )));
+    }
+    let endpoints = std::iter::once(&spec.endpoint).chain(spec.replay_endpoint.as_ref());
+    for endpoint in endpoints {
+        if endpoint.is_empty() || endpoint.len() > ENDPOINT_LEN_MAX || endpoint.contains('\0') {
+            return Err(IngestError::BadEndpoint {
+                endpoint: endpoint.chars().take(64).collect(),
+                reason: format!("must be 1..={ENDPOINT_LEN_MAX} bytes without NUL"),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn info(id: ListenerId, e: &ListenerEntry, gate_open: bool) -> ListenerInfo {
+    ListenerInfo {
+        id,
+        worker: e.worker,
+        endpoint: e.endpoint.clone(),
+        replay_endpoint: e.replay_endpoint.clone(),
+        block_size: e.block_size,
+        status: e.shared.status(gate_open),
+        last_error: e.shared.last_error(),
+        last_seq: e.shared.last_seq(),
+        batches_received: e.shared.batches_received(),
+    }
+}

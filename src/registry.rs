@@ -1,0 +1,402 @@
+//! (model, tenant) -> index, and which engine feeds which index.
+//!
+//! `/register` creates the index of a (model, tenant) on first use (its
+//! block size is fixed then) and starts a listener; `/unregister` closes
+//! listeners and removes workers through their writer shards, after their
+//! pending events. Every check is done before anything changes, so a refused
+//! request leaves no trace. Queries look an index up without the registry's
+//! lock.
+
+use crate::event::{Event, EventKind, WorkerId};
+use crate::index::{ApplyOutcome, Index, IndexConfig};
+use crate::ingest::{EventSink, Ingest, IngestError, ListenerId, ListenerInfo, ListenerSpec};
+use dashmap::DashMap;
+use parking_lot::{Mutex, RwLock};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Tenant used when a request names none.
+pub const TENANT_DEFAULT: &str = "default";
+
+/// Totals of what events did to the indexes, for metrics.
+#[derive(Default)]
+pub struct ApplyCounters {
+    pub stored_events: AtomicU64,
+    pub removed_events: AtomicU64,
+    pub cleared_events: AtomicU64,
+    pub blocks_stored: AtomicU64,
+    pub blocks_removed: AtomicU64,
+    pub blocks_duplicate: AtomicU64,
+    pub blocks_unknown_parent: AtomicU64,
+    pub removes_unknown: AtomicU64,
+    pub blocks_depth_exceeded: AtomicU64,
+    pub blocks_rejected: AtomicU64,
+    pub pairs_cleared: AtomicU64,
+}
+
+impl ApplyCounters {
+    fn add(&self, kind: &EventKind, o: &ApplyOutcome) {
+        let r = Ordering::Relaxed;
+        match kind {
+            EventKind::Stored { .. } => self.stored_events.fetch_add(1, r),
+            EventKind::Removed { .. } => self.removed_events.fetch_add(1, r),
+            EventKind::Cleared => self.cleared_events.fetch_add(1, r),
+        };
+        self.blocks_stored.fetch_add(o.stored as u64, r);
+        self.blocks_removed.fetch_add(o.removed as u64, r);
+        self.blocks_duplicate.fetch_add(o.duplicate as u64, r);
+        self.blocks_unknown_parent.fetch_add(o.unknown_parent as u64, r);
+        self.removes_unknown.fetch_add(o.unknown_removed as u64, r);
+        self.blocks_depth_exceeded.fetch_add(o.depth_exceeded as u64, r);
+        self.blocks_rejected.fetch_add(o.rejected as u64, r);
+        self.pairs_cleared.fetch_add(o.cleared as u64, r);
+    }
+}
+
+/// One (model, tenant) index and the sink its listeners feed.
+pub struct IndexHandle {
+    pub model_name: String,
+    pub tenant_id: String,
+    pub index: Index,
+    counters: Arc<ApplyCounters>,
+    /// Registered workers, for answers that list them even with no match.
+    registered: RwLock<Vec<WorkerId>>,
+}
+
+impl IndexHandle {
+    /// The workers registered to this index, sorted.
+    pub fn registered(&self) -> Vec<WorkerId> {
+        self.registered.read().clone()
+    }
+
+    fn set_registered(&self, worker: WorkerId, on: bool) {
+        let mut r = self.registered.write();
+        r.retain(|w| *w != worker);
+        if on {
+            r.push(worker);
+            r.sort_unstable();
+        }
+    }
+
+    /// Applies an event from outside the ingest pipeline (peer recovery).
+    pub fn apply(&self, event: &Event) -> ApplyOutcome {
+        let o = self.index.apply(event);
+        self.counters.add(&event.kind, &o);
+        o
+    }
+}
+
+impl EventSink for IndexHandle {
+    fn apply(&self, event: &Event) {
+        IndexHandle::apply(self, event);
+    }
+
+    fn apply_all(&self, events: &[Event]) {
+        self.index.apply_all(events, |e, o| self.counters.add(&e.kind, o));
+    }
+
+    fn remove_worker(&self, worker: WorkerId) {
+        self.index.remove_worker(worker);
+    }
+}
+
+/// One registered (instance, dp_rank).
+#[derive(Clone, Debug)]
+pub struct Registration {
+    pub worker: WorkerId,
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub model_name: String,
+    pub tenant_id: String,
+    pub listener: ListenerId,
+}
+
+/// A `/register` request, validated for shape.
+#[derive(Clone, Debug)]
+pub struct RegisterArgs {
+    pub instance_id: u64,
+    pub dp_rank: u32,
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub model_name: String,
+    pub tenant_id: String,
+    pub block_size: u32,
+}
+
+/// Why the registry refused: each maps to one HTTP status.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RegistryError {
+    /// 400: an invalid value (endpoint, block size).
+    Invalid(String),
+    /// 404: no such model, tenant, instance or rank.
+    NotFound(String),
+    /// 409: conflicts with what is registered.
+    Conflict(String),
+    /// 503: the pipeline could not do it now.
+    Unavailable(String),
+}
+
+type Key = (String, String);
+
+#[derive(Default)]
+struct Inner {
+    registrations: BTreeMap<WorkerId, Registration>,
+}
+
+/// The registry of indexes and listeners.
+pub struct Registry {
+    indexes: DashMap<Key, Arc<IndexHandle>>,
+    inner: Mutex<Inner>,
+    ingest: Arc<Ingest>,
+    jump: usize,
+    pub counters: Arc<ApplyCounters>,
+}
+
+impl Registry {
+    pub fn new(ingest: Arc<Ingest>, jump: usize) -> Registry {
+        Registry {
+            indexes: DashMap::new(),
+            inner: Mutex::new(Inner::default()),
+            ingest,
+            jump,
+            counters: Default::default(),
+        }
+    }
+
+    pub fn ingest(&self) -> &Arc<Ingest> {
+        &self.ingest
+    }
+
+    /// The index of (model, tenant), if any.
+    pub fn index(&self, model_name: &str, tenant_id: &str) -> Option<Arc<IndexHandle>> {
+        self.indexes.get(&(model_name.to_string(), tenant_id.to_string())).map(|e| e.value().clone())
+    }
+
+    /// Every index, sorted by (model, tenant).
+    pub fn indexes(&self) -> Vec<Arc<IndexHandle>> {
+        let mut v: Vec<_> = self.indexes.iter().map(|e| e.value().clone()).collect();
+        v.sort_by(|a, b| (&a.model_name, &a.tenant_id).cmp(&(&b.model_name, &b.tenant_id)));
+        v
+    }
+
+    /// The index of (model, tenant), created with `block_size` if absent.
+    /// Refuses a block size that differs from the existing index's.
+    pub fn index_or_create(
+        &self,
+        model_name: &str,
+        tenant_id: &str,
+        block_size: u32,
+    ) -> Result<Arc<IndexHandle>, RegistryError> {
+        if block_size == 0 {
+            return Err(RegistryError::Invalid("block_size must be at least 1".into()));
+        }
+        let key = (model_name.to_string(), tenant_id.to_string());
+        let handle = self
+            .indexes
+            .entry(key)
+            .or_insert_with(|| {
+                crate::info!("created index model={model_name:?} tenant={tenant_id:?} block_size={block_size}");
+                Arc::new(IndexHandle {
+                    model_name: model_name.to_string(),
+                    tenant_id: tenant_id.to_string(),
+                    index: Index::new(IndexConfig { block_size, jump: self.jump, depth_max: 0 }),
+                    counters: self.counters.clone(),
+                    registered: RwLock::new(Vec::new()),
+                })
+            })
+            .value()
+            .clone();
+        if handle.index.block_size() != block_size {
+            return Err(RegistryError::Conflict(format!(
+                "model={model_name:?} tenant={tenant_id:?} has block_size {}, not {block_size}",
+                handle.index.block_size()
+            )));
+        }
+        Ok(handle)
+    }
+
+    /// Registers an engine's publisher and starts listening to it.
+    pub fn register(&self, args: RegisterArgs) -> Result<(), RegistryError> {
+        crate::endpoint::validate_zmq_endpoint(&args.endpoint).map_err(RegistryError::Invalid)?;
+        if let Some(r) = &args.replay_endpoint {
+            crate::endpoint::validate_zmq_endpoint(r)
+                .map_err(|e| RegistryError::Invalid(format!("replay_endpoint: {e}")))?;
+        }
+        if args.block_size == 0 {
+            return Err(RegistryError::Invalid("block_size must be at least 1".into()));
+        }
+        let worker = WorkerId::new(args.instance_id, args.dp_rank);
+        let mut inner = self.inner.lock();
+        if inner.registrations.contains_key(&worker) {
+            return Err(RegistryError::Conflict(format!(
+                "instance {} dp_rank {} is already registered; unregister it first",
+                args.instance_id, args.dp_rank
+            )));
+        }
+        if let Some(other) = inner.registrations.values().find(|r| {
+            r.worker.instance_id == args.instance_id
+                && (r.model_name != args.model_name || r.tenant_id != args.tenant_id)
+        }) {
+            return Err(RegistryError::Conflict(format!(
+                "instance {} is registered under model={:?} tenant={:?}",
+                args.instance_id, other.model_name, other.tenant_id
+            )));
+        }
+        let key = (args.model_name.clone(), args.tenant_id.clone());
+        let existed = self.indexes.contains_key(&key);
+        let handle = self.index_or_create(&args.model_name, &args.tenant_id, args.block_size)?;
+        let spec = ListenerSpec {
+            worker,
+            endpoint: args.endpoint.clone(),
+            replay_endpoint: args.replay_endpoint.clone(),
+            block_size: args.block_size,
+            sink: handle.clone(),
+        };
+        let listener = match self.ingest.add_listener(spec) {
+            Ok(id) => id,
+            Err(e) => {
+                // Leave no trace of a refused registration.
+                if !existed && handle.index.workers().is_empty() {
+                    self.indexes.remove(&key);
+                }
+                return Err(match e {
+                    IngestError::BadEndpoint { .. } | IngestError::InvalidSpec(_) => {
+                        RegistryError::Invalid(e.to_string())
+                    }
+                    IngestError::AlreadyRegistered(_) => RegistryError::Conflict(e.to_string()),
+                    _ => RegistryError::Unavailable(e.to_string()),
+                });
+            }
+        };
+        crate::info!(
+            "registered instance {} dp_rank {} endpoint {} model={:?} tenant={:?}{}",
+            args.instance_id,
+            args.dp_rank,
+            args.endpoint,
+            args.model_name,
+            args.tenant_id,
+            args.replay_endpoint.as_deref().map(|r| format!(" replay {r}")).unwrap_or_default()
+        );
+        handle.set_registered(worker, true);
+        inner.registrations.insert(
+            worker,
+            Registration {
+                worker,
+                endpoint: args.endpoint,
+                replay_endpoint: args.replay_endpoint,
+                model_name: args.model_name,
+                tenant_id: args.tenant_id,
+                listener,
+            },
+        );
+        Ok(())
+    }
+
+    /// Unregisters an instance of a model: from every tenant when `tenant_id`
+    /// is None, every rank when `dp_rank` is None. Its blocks go too,
+    /// including blocks stored under ranks it was never registered with.
+    pub fn unregister(
+        &self,
+        instance_id: u64,
+        model_name: &str,
+        tenant_id: Option<&str>,
+        dp_rank: Option<u32>,
+    ) -> Result<(), RegistryError> {
+        let mut inner = self.inner.lock();
+        let regs: Vec<Registration> = inner
+            .registrations
+            .values()
+            .filter(|r| {
+                r.worker.instance_id == instance_id
+                    && r.model_name == model_name
+                    && tenant_id.is_none_or(|t| r.tenant_id == t)
+                    && dp_rank.is_none_or(|d| r.worker.dp_rank == d)
+            })
+            .cloned()
+            .collect();
+        let mut held: Vec<(Arc<IndexHandle>, WorkerId)> = Vec::new();
+        for h in self.indexes.iter().map(|e| e.value().clone()) {
+            if h.model_name != model_name || tenant_id.is_some_and(|t| h.tenant_id != t) {
+                continue;
+            }
+            for w in h.index.workers() {
+                if w.instance_id == instance_id && dp_rank.is_none_or(|d| w.dp_rank == d) {
+                    held.push((h.clone(), w));
+                }
+            }
+        }
+        if regs.is_empty() && held.is_empty() {
+            let scope = match (tenant_id, dp_rank) {
+                (Some(t), Some(d)) => format!(" tenant={t:?} dp_rank {d}"),
+                (Some(t), None) => format!(" tenant={t:?}"),
+                (None, Some(d)) => format!(" dp_rank {d}"),
+                (None, None) => String::new(),
+            };
+            return Err(RegistryError::NotFound(format!(
+                "instance {instance_id} is not registered for model={model_name:?}{scope}"
+            )));
+        }
+        for r in &regs {
+            if let Err(e) = self.ingest.remove_listener(r.listener) {
+                crate::warn!(
+                    "closing the listener of instance {} dp_rank {}: {e}",
+                    r.worker.instance_id,
+                    r.worker.dp_rank
+                );
+            }
+            inner.registrations.remove(&r.worker);
+            if let Some(h) = self.index(&r.model_name, &r.tenant_id) {
+                h.set_registered(r.worker, false);
+                if !held.iter().any(|(x, w)| Arc::ptr_eq(x, &h) && *w == r.worker) {
+                    held.push((h, r.worker));
+                }
+            }
+        }
+        for (h, w) in &held {
+            let sink: Arc<dyn EventSink> = h.clone();
+            if let Err(e) = self.ingest.remove_worker(*w, sink) {
+                // The shard did not answer; remove directly rather than leave blocks behind.
+                crate::warn!("removing worker {w} through its shard: {e}; removing it directly");
+                h.index.remove_worker(*w);
+            }
+        }
+        crate::info!(
+            "unregistered instance {instance_id} model={model_name:?}{}{}: {} listener(s), {} worker(s)",
+            tenant_id.map(|t| format!(" tenant={t:?}")).unwrap_or_default(),
+            dp_rank.map(|d| format!(" dp_rank {d}")).unwrap_or_default(),
+            regs.len(),
+            held.len()
+        );
+        Ok(())
+    }
+
+    /// Every registration, sorted by worker.
+    pub fn registrations(&self) -> Vec<Registration> {
+        self.inner.lock().registrations.values().cloned().collect()
+    }
+
+    /// Registered workers of one index (for zero scores in query answers).
+    pub fn registered_workers(&self, model_name: &str, tenant_id: &str) -> Vec<WorkerId> {
+        self.inner
+            .lock()
+            .registrations
+            .values()
+            .filter(|r| r.model_name == model_name && r.tenant_id == tenant_id)
+            .map(|r| r.worker)
+            .collect()
+    }
+
+    /// Registered instances (distinct instance ids).
+    pub fn instance_count(&self) -> usize {
+        let inner = self.inner.lock();
+        let mut ids: Vec<u64> = inner.registrations.keys().map(|w| w.instance_id).collect();
+        ids.dedup();
+        ids.len()
+    }
+
+    /// Listener status by listener id.
+    pub fn listener_infos(&self) -> BTreeMap<ListenerId, ListenerInfo> {
+        self.ingest.listener_status().into_iter().map(|i| (i.id, i)).collect()
+    }
+}

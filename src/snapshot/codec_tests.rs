@@ -1,0 +1,203 @@
+//! Codec tests: round trips, every truncation, every header field's
+//! corruption, and random bytes (raw, and sealed with valid checksums so
+//! the body decoder itself is exercised) never panic.
+
+use super::*;
+
+fn sample() -> Snapshot {
+    let w1 = WorkerId::new(1, 0);
+    let w2 = WorkerId::new(u64::MAX, 3);
+    let b = |e: u64, l: u64| StoredBlock { engine_hash: e, local_hash: l };
+    Snapshot {
+        created_unix_ms: 1_700_000_000_123,
+        daemon_version: "0.1.0".into(),
+        registrations: vec![
+            SavedRegistration {
+                worker: w1,
+                endpoint: "tcp://127.0.0.1:5557".into(),
+                replay_endpoint: Some("tcp://127.0.0.1:5558".into()),
+                model_name: "llama".into(),
+                tenant_id: "default".into(),
+                block_size: 16,
+                last_seq: Some(41),
+            },
+            SavedRegistration {
+                worker: w2,
+                endpoint: "ipc:///tmp/ä".into(),
+                replay_endpoint: None,
+                model_name: "m:with:colons".into(),
+                tenant_id: "t".into(),
+                block_size: 4,
+                last_seq: None,
+            },
+        ],
+        indexes: vec![
+            SavedIndex {
+                model_name: "llama".into(),
+                tenant_id: "default".into(),
+                block_size: 16,
+                events: vec![
+                    Event::stored(w1, StorageTier::Device, None, vec![b(1, 10), b(2, 20)]),
+                    Event::stored(w1, StorageTier::HostPinned, Some(2), vec![b(u64::MAX, 0)]),
+                    Event::stored(w2, StorageTier::External, Some(7), vec![b(3, 30)]),
+                    Event::removed(w2, StorageTier::Disk, vec![3, 4]),
+                    Event::cleared(w1),
+                ],
+            },
+            SavedIndex { model_name: "empty".into(), tenant_id: "t".into(), block_size: 1, events: vec![] },
+        ],
+    }
+}
+
+/// Rebuilds the header around `body` with valid checksums (a "writer bug" file).
+fn seal(body: &[u8]) -> Vec<u8> {
+    let s = Snapshot { created_unix_ms: 5, daemon_version: "x".into(), registrations: vec![], indexes: vec![] };
+    let mut out = encode(&s);
+    let header_len = out.len() - 8; // empty body: 8 bytes of counts
+    out.truncate(header_len);
+    let fixed = header_len - 32;
+    out[fixed + 8..fixed + 16].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    out[fixed + 16..fixed + 24].copy_from_slice(&xxh3_64(body).to_le_bytes());
+    let sum = xxh3_64(&out[..header_len - 8]);
+    out[header_len - 8..].copy_from_slice(&sum.to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+fn header_len(file: &[u8]) -> usize {
+    14 + u16::from_le_bytes([file[12], file[13]]) as usize + 32
+}
+
+#[test]
+fn round_trip_is_exact() {
+    let s = sample();
+    let bytes = encode(&s);
+    assert_eq!(&bytes[..8], b"KVIXSNAP");
+    assert_eq!(decode(&bytes).unwrap(), s);
+    let empty = Snapshot { created_unix_ms: 0, daemon_version: String::new(), registrations: vec![], indexes: vec![] };
+    assert_eq!(decode(&encode(&empty)).unwrap(), empty);
+}
+
+#[test]
+fn seal_matches_encode() {
+    let bytes = encode(&sample());
+    let body = &bytes[header_len(&bytes)..];
+    assert_eq!(decode(&seal(body)).unwrap().indexes, sample().indexes);
+}
+
+#[test]
+fn every_truncation_fails_cleanly() {
+    let bytes = encode(&sample());
+    for len in 0..bytes.len() {
+        let e = decode(&bytes[..len]).expect_err("a prefix must not decode");
+        let expected = match len {
+            0 => matches!(e, SnapshotError::Empty),
+            _ => matches!(e, SnapshotError::Truncated { .. }),
+        };
+        assert!(expected, "prefix of {len} bytes: {e:?}");
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert_eq!(decode(&longer), Err(SnapshotError::TrailingBytes { extra: 1 }));
+}
+
+#[test]
+fn foreign_future_and_corrupt_headers_are_named() {
+    let bytes = encode(&sample());
+    let mut foreign = bytes.clone();
+    foreign[0] = b'X';
+    assert_eq!(decode(&foreign), Err(SnapshotError::Foreign));
+    assert_eq!(decode(b"{\"json\": true}"), Err(SnapshotError::Foreign));
+    assert_eq!(decode(b"KV"), Err(SnapshotError::Truncated { have: 2, need: 14 }));
+
+    let mut future = bytes.clone();
+    future[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    assert_eq!(decode(&future), Err(SnapshotError::FutureVersion { format: FORMAT_VERSION + 1 }));
+    let mut zero = bytes.clone();
+    zero[8..12].copy_from_slice(&0u32.to_le_bytes());
+    assert_eq!(decode(&zero), Err(SnapshotError::UnknownVersion { format: 0 }));
+
+    // Any flipped bit past the format field is caught by a checksum (or a
+    // length check when it hits a length).
+    let h = header_len(&bytes);
+    for i in 12..bytes.len() {
+        let mut b = bytes.clone();
+        b[i] ^= 0x10;
+        let e = decode(&b).expect_err("corruption must be detected");
+        if i >= h {
+            assert_eq!(e, SnapshotError::BodyChecksum, "byte {i}");
+        }
+    }
+}
+
+#[test]
+fn bad_bodies_with_valid_checksums_are_malformed_not_half_decoded() {
+    let bytes = encode(&sample());
+    let body = bytes[header_len(&bytes)..].to_vec();
+    // Every truncation of the body, sealed: the decoder itself must refuse.
+    for len in 0..body.len() {
+        match decode(&seal(&body[..len])) {
+            Err(SnapshotError::Malformed { .. }) => {}
+            other => panic!("body prefix of {len} bytes: {other:?}"),
+        }
+    }
+    let mut extra = body.clone();
+    extra.push(0);
+    assert!(matches!(decode(&seal(&extra)), Err(SnapshotError::Malformed { .. })));
+    // Huge counts are refused before any allocation.
+    let mut huge = body.clone();
+    huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(decode(&seal(&huge)), Err(SnapshotError::Malformed { .. })));
+}
+
+#[test]
+fn body_limit_is_checked_from_the_header() {
+    let mut bytes = encode(&sample());
+    let h = header_len(&bytes);
+    let fixed = h - 32;
+    bytes[fixed + 8..fixed + 16].copy_from_slice(&(BODY_BYTES_MAX + 1).to_le_bytes());
+    let sum = xxh3_64(&bytes[..h - 8]);
+    bytes[h - 8..h].copy_from_slice(&sum.to_le_bytes());
+    assert_eq!(decode(&bytes), Err(SnapshotError::TooLarge { bytes: BODY_BYTES_MAX + 1 }));
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn random_bytes_never_panic() {
+    let mut rng = Rng(0x5eed);
+    let valid = encode(&sample());
+    let body = valid[header_len(&valid)..].to_vec();
+    for round in 0..20_000 {
+        let len = (rng.next() % 200) as usize;
+        let mut junk: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        if round % 2 == 0 {
+            // Raw junk: rejected by the header checks.
+            if round % 4 == 0 && len >= 8 {
+                junk[..8].copy_from_slice(&MAGIC);
+            }
+            assert!(decode(&junk).is_err());
+        } else {
+            // A valid body with a few bytes mutated, sealed, so the body
+            // decoder meets it; or junk appended to a valid prefix.
+            let mut b = body.clone();
+            for _ in 0..1 + rng.next() % 4 {
+                let i = (rng.next() as usize) % b.len();
+                b[i] = rng.next() as u8;
+            }
+            if round % 3 == 0 {
+                b.truncate((rng.next() as usize) % b.len());
+                b.extend_from_slice(&junk);
+            }
+            let _ = decode(&seal(&b));
+        }
+    }
+}

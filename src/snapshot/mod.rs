@@ -1,0 +1,103 @@
+//! Local snapshots, so a lone indexer restarts warm.
+//!
+//! With `--snapshot-dir DIR` the daemon writes its whole state to
+//! `DIR/snapshot.bin` every `--snapshot-interval-s` and on SIGTERM/SIGINT,
+//! and reads it back at startup before anything else is applied.
+//!
+//! What a snapshot holds (`Snapshot`): per (model, tenant) index its block
+//! size and the events that rebuild it (`Index::dump_events`); every
+//! registration (instance, dp rank, endpoints, model, tenant, block size)
+//! with its listener's sequence watermark. The watermark is what makes the
+//! restart exact rather than merely warm: seeded back into ingest, the
+//! engine's next batch after a gap asks its replay ring for precisely the
+//! batches the daemon missed while it was down; a seq that went back says
+//! the engine restarted and clears its workers (see `ingest`).
+//!
+//! Consistency: watermarks are read first, then the writer shards drain
+//! what was queued, then the indexes are dumped. So the indexes reflect at
+//! least every batch up to each watermark, possibly a few more; replaying
+//! those again at startup is harmless (stores and removes are idempotent).
+//! The reverse order could lose batches for good.
+//!
+//! Files: `codec` is the byte format (versioned, checksummed, every length
+//! bounded; decoding is all or nothing), `file` the crash-safe write and
+//! bounded read, `capture` takes a snapshot of a running registry,
+//! `restore` merges one with the command line and applies it, `periodic`
+//! is the background writer. Nothing here touches sockets or the index's
+//! internals: it uses the registry's and ingest's public faces.
+
+mod capture;
+mod codec;
+mod file;
+mod periodic;
+mod restore;
+
+pub use capture::capture;
+pub use codec::{
+    decode, encode, SnapshotError, BODY_BYTES_MAX, FORMAT_VERSION, HEADER_BYTES_MAX, MAGIC, STRING_BYTES_MAX,
+};
+pub use file::{SnapshotDir, WriteStats, FILE_NAME};
+pub use periodic::Periodic;
+pub use restore::{plan, restore, Plan, Restored};
+
+use crate::event::{Event, EventKind, WorkerId};
+
+/// One registration as saved: enough to register it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedRegistration {
+    /// Instance and registered dp rank (the listener key).
+    pub worker: WorkerId,
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub model_name: String,
+    pub tenant_id: String,
+    pub block_size: u32,
+    /// The listener's watermark: highest seq whose batch the indexes reflect.
+    pub last_seq: Option<u64>,
+}
+
+/// One (model, tenant) index as saved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedIndex {
+    pub model_name: String,
+    pub tenant_id: String,
+    pub block_size: u32,
+    /// Events that rebuild the index when applied in order to an empty one.
+    pub events: Vec<Event>,
+}
+
+impl SavedIndex {
+    /// (block, worker) pairs stored by the events.
+    pub fn pairs(&self) -> u64 {
+        self.events
+            .iter()
+            .map(|e| match &e.kind {
+                EventKind::Stored { blocks, .. } => blocks.len() as u64,
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+/// A daemon's state at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Wall-clock time of the capture, ms since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// `kv-indexer --version` of the writer (for the operator; not checked).
+    pub daemon_version: String,
+    pub registrations: Vec<SavedRegistration>,
+    pub indexes: Vec<SavedIndex>,
+}
+
+impl Snapshot {
+    /// (block, worker) pairs over every index.
+    pub fn pairs(&self) -> u64 {
+        self.indexes.iter().map(SavedIndex::pairs).sum()
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,415 @@
+//! Payload bytes to [`DecodedBatch`]: the batch array and both event encodings.
+//!
+//! A batch is `[ts, events, data_parallel_rank?]`; the rank is absent in old
+//! vLLM, nil or an integer elsewhere, and elements after it are ignored.
+//! Events are either tagged maps (`{"type": "BlockStored", ...}`, any key
+//! order, unknown keys skipped) or positional arrays whose first element is
+//! the tag. Positional fields are only ever appended by the engines, so they
+//! are read by position while present and trailing extras are skipped; the
+//! layout is vLLM's (`[tag, block_hashes, parent_block_hash, token_ids,
+//! block_size, lora_id, medium, lora_name, extra_keys, group_idx,
+//! kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership]`),
+//! which SGLang's shorter tuples are a prefix of.
+//!
+//! Every count is checked against a named limit and against the bytes left
+//! before anything is reserved; any violation, wrong type or truncation is a
+//! [`WireError`], never a panic.
+
+use super::error::WireError;
+use super::extra_keys::{classify, BlockKeys, ExtraKey};
+use super::msgpack::{describe, item_to_u32, Item, Reader};
+use super::raw::{DecodedBatch, RawEvent, RawRemoved, RawStored};
+
+/// Largest payload decoded; larger ones are refused unread.
+pub const PAYLOAD_BYTES_MAX: usize = 64 << 20;
+/// Most events in one batch.
+pub const EVENTS_PER_BATCH_MAX: u32 = 1 << 16;
+/// Most block hashes (and `extra_keys` entries) in one event.
+pub const BLOCKS_PER_EVENT_MAX: u32 = 1 << 18;
+/// Most token ids in one event.
+pub const TOKENS_PER_EVENT_MAX: u32 = 1 << 24;
+/// Longest string kept (LoRA names, salts, media, keys).
+pub const STRING_BYTES_MAX: usize = 64 << 10;
+/// Events reserved up front; more grow the vector as they are actually read.
+const EVENTS_RESERVE_MAX: usize = 1024;
+
+/// Decodes one msgpack batch payload.
+pub fn decode_payload(payload: &[u8]) -> Result<DecodedBatch, WireError> {
+    if payload.len() > PAYLOAD_BYTES_MAX {
+        return Err(WireError::message(format!("payload of {} bytes, limit {PAYLOAD_BYTES_MAX}", payload.len())));
+    }
+    let mut r = Reader::new(payload);
+    let len = r.array("batch")?;
+    if len < 2 {
+        return Err(r.error(format!("batch has {len} elements, expected [ts, events, dp_rank?]")));
+    }
+    let timestamp = read_timestamp(&mut r)?;
+    let count = r.array("events")?;
+    if count > EVENTS_PER_BATCH_MAX {
+        return Err(r.error(format!("batch claims {count} events, limit {EVENTS_PER_BATCH_MAX}")));
+    }
+    let mut events = Vec::with_capacity((count as usize).min(EVENTS_RESERVE_MAX));
+    for _ in 0..count {
+        events.push(decode_event(&mut r)?);
+    }
+    let dp_rank = if len >= 3 { r.u32_or_nil("data_parallel_rank")? } else { None };
+    for _ in 3..len {
+        r.skip()?;
+    }
+    if r.remaining() != 0 {
+        return Err(r.error(format!("{} trailing bytes after the batch", r.remaining())));
+    }
+    Ok(DecodedBatch { timestamp, dp_rank, events })
+}
+
+fn read_timestamp(r: &mut Reader<'_>) -> Result<f64, WireError> {
+    let start = r.pos();
+    match r.next()? {
+        Item::Float(v) => Ok(v),
+        Item::Uint(v) => Ok(v as f64),
+        Item::Int(v) => Ok(v as f64),
+        other => Err(WireError::at(start, format!("timestamp: expected a number, found {}", other.kind()))),
+    }
+}
+
+/// The fields of one event as read, borrowed from the payload.
+#[derive(Default)]
+struct Fields<'a> {
+    tag: Option<&'a str>,
+    block_hashes: Option<Vec<u64>>,
+    parent_block_hash: Option<u64>,
+    token_ids: Option<Vec<u32>>,
+    block_size: Option<u32>,
+    lora_id: Option<u64>,
+    medium: Option<&'a str>,
+    lora_name: Option<&'a str>,
+    cache_salt: Option<&'a str>,
+    extra_keys: Option<BlockKeys<'a>>,
+    group_idx: Option<u32>,
+    kv_cache_spec_kind: Option<&'a str>,
+    locality: Option<&'a str>,
+    ownership: Option<&'a str>,
+}
+
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Tag {
+    Stored,
+    Removed,
+    Other,
+}
+
+fn tag_of(tag: &str) -> Tag {
+    match tag {
+        "BlockStored" => Tag::Stored,
+        "BlockRemoved" => Tag::Removed,
+        _ => Tag::Other,
+    }
+}
+
+fn decode_event(r: &mut Reader<'_>) -> Result<RawEvent, WireError> {
+    let start = r.pos();
+    let fields = match r.next()? {
+        Item::Array(len) => read_positional(r, len, start)?,
+        Item::Map(len) => read_map(r, len)?,
+        other => {
+            return Err(WireError::at(start, format!("event: expected a tagged map or array, found {}", other.kind())))
+        }
+    };
+    finish(fields, start)
+}
+
+fn read_tag<'a>(r: &mut Reader<'a>) -> Result<&'a str, WireError> {
+    let start = r.pos();
+    match r.next()? {
+        Item::Str(bytes) => r.utf8(start, "event type", bytes, STRING_BYTES_MAX),
+        other => Err(WireError::at(start, format!("event type: expected a string, found {}", other.kind()))),
+    }
+}
+
+fn read_positional<'a>(r: &mut Reader<'a>, len: u32, start: usize) -> Result<Fields<'a>, WireError> {
+    if len == 0 {
+        return Err(WireError::at(start, "event array is empty: no type tag"));
+    }
+    let tag = read_tag(r)?;
+    let kind = tag_of(tag);
+    let mut f = Fields { tag: Some(tag), ..Fields::default() };
+    for position in 1..len {
+        match (kind, position) {
+            (Tag::Stored | Tag::Removed, 1) => f.block_hashes = Some(read_hashes(r)?),
+            (Tag::Stored, 2) => f.parent_block_hash = read_hash_or_nil(r)?,
+            (Tag::Stored, 3) => f.token_ids = Some(read_tokens(r)?),
+            (Tag::Stored, 4) => f.block_size = Some(read_block_size(r)?),
+            (Tag::Stored, 5) => f.lora_id = read_lora_id(r)?,
+            (Tag::Stored, 6) | (Tag::Removed, 2) => f.medium = read_str(r, "medium")?,
+            (Tag::Stored, 7) => read_lora_slot(r, &mut f)?,
+            (Tag::Stored, 8) => f.extra_keys = read_extra_keys(r)?,
+            (Tag::Stored, 9) | (Tag::Removed, 3) => f.group_idx = r.u32_or_nil("group_idx")?,
+            (Tag::Stored, 10) | (Tag::Removed, 4) => f.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
+            (Tag::Stored, 12) | (Tag::Removed, 6) => f.locality = read_str(r, "locality")?,
+            (Tag::Stored, 13) | (Tag::Removed, 7) => f.ownership = read_str(r, "ownership")?,
+            _ => r.skip()?,
+        }
+    }
+    Ok(f)
+}
+
+fn read_map<'a>(r: &mut Reader<'a>, len: u32) -> Result<Fields<'a>, WireError> {
+    let mut f = Fields::default();
+    for _ in 0..len {
+        // Keys are matched as bytes: an unknown key is skipped whatever it holds.
+        let key = match r.next()? {
+            Item::Str(bytes) => bytes,
+            other => {
+                // Not a field of ours: skip the key and its value.
+                r.skip_children(other, 1)?;
+                r.skip()?;
+                continue;
+            }
+        };
+        match key {
+            b"type" => f.tag = Some(read_tag(r)?),
+            b"block_hashes" => f.block_hashes = Some(read_hashes(r)?),
+            b"parent_block_hash" => f.parent_block_hash = read_hash_or_nil(r)?,
+            b"token_ids" => f.token_ids = Some(read_tokens(r)?),
+            b"block_size" => f.block_size = Some(read_block_size(r)?),
+            b"lora_id" => f.lora_id = read_lora_id(r)?,
+            b"medium" => f.medium = read_str(r, "medium")?,
+            b"lora_name" => f.lora_name = read_str(r, "lora_name")?,
+            b"cache_salt" => f.cache_salt = read_str(r, "cache_salt")?,
+            b"extra_keys" => f.extra_keys = read_extra_keys(r)?,
+            b"group_idx" => f.group_idx = r.u32_or_nil("group_idx")?,
+            b"kv_cache_spec_kind" => f.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
+            b"locality" => f.locality = read_str(r, "locality")?,
+            b"ownership" => f.ownership = read_str(r, "ownership")?,
+            _ => r.skip()?,
+        }
+    }
+    Ok(f)
+}
+
+fn owned(s: Option<&str>) -> Option<String> {
+    s.filter(|s| !s.is_empty()).map(str::to_owned)
+}
+
+fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
+    let Some(tag) = f.tag else {
+        return Err(WireError::at(start, "event map has no \"type\""));
+    };
+    let missing = |field: &str| WireError::at(start, format!("{tag} event without {field}"));
+    match tag {
+        "BlockStored" => {
+            let block_hashes = f.block_hashes.ok_or_else(|| missing("block_hashes"))?;
+            let token_ids = f.token_ids.ok_or_else(|| missing("token_ids"))?;
+            let block_size = f.block_size.ok_or_else(|| missing("block_size"))?;
+            let lora_name = f.lora_name.filter(|s| !s.is_empty());
+            let classified = f.extra_keys.map(|keys| classify(&keys, lora_name)).unwrap_or_default();
+            Ok(RawEvent::Stored(RawStored {
+                block_hashes,
+                parent_block_hash: f.parent_block_hash,
+                token_ids,
+                block_size,
+                lora_id: f.lora_id,
+                lora_name: owned(lora_name),
+                medium: owned(f.medium),
+                cache_salt: owned(f.cache_salt),
+                extra_keys_salt: classified.salt,
+                block_mm_hashes: classified.block_mm_hashes,
+                opaque_extra_keys_from: classified.opaque_from,
+                group_idx: f.group_idx,
+                kv_cache_spec_kind: owned(f.kv_cache_spec_kind),
+                locality: owned(f.locality),
+                ownership: owned(f.ownership),
+            }))
+        }
+        "BlockRemoved" => Ok(RawEvent::Removed(RawRemoved {
+            block_hashes: f.block_hashes.ok_or_else(|| missing("block_hashes"))?,
+            medium: owned(f.medium),
+            group_idx: f.group_idx,
+            kv_cache_spec_kind: owned(f.kv_cache_spec_kind),
+            locality: owned(f.locality),
+            ownership: owned(f.ownership),
+        })),
+        "AllBlocksCleared" => Ok(RawEvent::Cleared),
+        _ => Ok(RawEvent::Unknown),
+    }
+}
+
+fn read_str<'a>(r: &mut Reader<'a>, what: &str) -> Result<Option<&'a str>, WireError> {
+    r.str_or_nil(what, STRING_BYTES_MAX)
+}
+
+/// An engine hash: uint64, int64 (two's complement) or bytes (last 8, big-endian).
+fn hash_of(start: usize, item: Item<'_>) -> Result<u64, WireError> {
+    match item {
+        Item::Uint(v) => Ok(v),
+        Item::Int(v) => Ok(v as u64),
+        Item::Bin(bytes) if !bytes.is_empty() => {
+            let tail = &bytes[bytes.len().saturating_sub(8)..];
+            Ok(tail.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+        }
+        other => Err(WireError::at(
+            start,
+            format!("block hash: expected an integer or non-empty bytes, found {}", other.kind()),
+        )),
+    }
+}
+
+fn read_hash_or_nil(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
+    let start = r.pos();
+    match r.next()? {
+        Item::Nil => Ok(None),
+        item => hash_of(start, item).map(Some),
+    }
+}
+
+fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, WireError> {
+    let len = r.array("block_hashes")?;
+    if len > BLOCKS_PER_EVENT_MAX {
+        return Err(r.error(format!("block_hashes: {len} hashes, limit {BLOCKS_PER_EVENT_MAX}")));
+    }
+    // The reader guarantees len <= bytes left, so this reserve is bounded by the payload.
+    let mut out = Vec::with_capacity(len as usize);
+    for _ in 0..len {
+        if let Some(v) = r.uint_fast() {
+            out.push(v);
+            continue;
+        }
+        let start = r.pos();
+        let item = r.next()?;
+        out.push(hash_of(start, item)?);
+    }
+    Ok(out)
+}
+
+fn token_of(start: usize, item: Item<'_>) -> Result<u32, WireError> {
+    item_to_u32(item).ok_or_else(|| {
+        WireError::at(start, format!("token id: expected an integer in 0..=u32::MAX, found {}", describe(item)))
+    })
+}
+
+/// Token ids, plain or as SGLang's bigram pairs `[token, next]` (the first is the block's token).
+fn read_tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, WireError> {
+    let len = r.array("token_ids")?;
+    if len > TOKENS_PER_EVENT_MAX {
+        return Err(r.error(format!("token_ids: {len} tokens, limit {TOKENS_PER_EVENT_MAX}")));
+    }
+    let len = len as usize;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        let left = len - out.len();
+        if r.u32s_fast(left, &mut out) == left {
+            break;
+        }
+        // Anything but a small unsigned int: bigram pairs, other widths, errors.
+        let start = r.pos();
+        match r.next()? {
+            Item::Array(2) => {
+                let first = r.pos();
+                let token = r.next()?;
+                out.push(token_of(first, token)?);
+                let second = r.pos();
+                let next = r.next()?;
+                token_of(second, next)?;
+            }
+            item => out.push(token_of(start, item)?),
+        }
+    }
+    Ok(out)
+}
+
+fn read_block_size(r: &mut Reader<'_>) -> Result<u32, WireError> {
+    let start = r.pos();
+    let item = r.next()?;
+    item_to_u32(item).ok_or_else(|| {
+        WireError::at(start, format!("block_size: expected an integer in 0..=u32::MAX, found {}", describe(item)))
+    })
+}
+
+fn read_lora_id(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
+    let start = r.pos();
+    match r.next()? {
+        Item::Nil => Ok(None),
+        Item::Uint(v) => Ok(Some(v)),
+        Item::Int(v) => Ok(Some(v as u64)),
+        other => Err(WireError::at(start, format!("lora_id: expected an integer or nil, found {}", other.kind()))),
+    }
+}
+
+/// Position 7 of a positional BlockStored: vLLM's `lora_name`, or a map
+/// carrying SGLang's `cache_salt`.
+fn read_lora_slot<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>) -> Result<(), WireError> {
+    let start = r.pos();
+    match r.next()? {
+        Item::Nil => {}
+        Item::Str(bytes) => f.lora_name = Some(r.utf8(start, "lora_name", bytes, STRING_BYTES_MAX)?),
+        Item::Map(len) => {
+            for _ in 0..len {
+                match r.next()? {
+                    Item::Str(b"cache_salt") => f.cache_salt = read_str(r, "cache_salt")?,
+                    other => {
+                        r.skip_children(other, 1)?;
+                        r.skip()?;
+                    }
+                }
+            }
+        }
+        other => {
+            return Err(WireError::at(start, format!("lora_name: expected a string or nil, found {}", other.kind())))
+        }
+    }
+    Ok(())
+}
+
+fn read_extra_keys<'a>(r: &mut Reader<'a>) -> Result<Option<BlockKeys<'a>>, WireError> {
+    let Some(len) = r.array_or_nil("extra_keys")? else {
+        return Ok(None);
+    };
+    if len > BLOCKS_PER_EVENT_MAX {
+        return Err(r.error(format!("extra_keys: {len} entries, limit {BLOCKS_PER_EVENT_MAX}")));
+    }
+    let mut blocks = Vec::with_capacity(len as usize);
+    for _ in 0..len {
+        let Some(count) = r.array_or_nil("extra_keys entry")? else {
+            blocks.push(None);
+            continue;
+        };
+        let mut keys = Vec::with_capacity((count as usize).min(r.remaining()));
+        for _ in 0..count {
+            keys.push(read_extra_key(r)?);
+        }
+        blocks.push(Some(keys));
+    }
+    Ok(Some(blocks))
+}
+
+fn read_extra_key<'a>(r: &mut Reader<'a>) -> Result<ExtraKey<'a>, WireError> {
+    let start = r.pos();
+    match r.next()? {
+        Item::Str(bytes) => Ok(ExtraKey::Text(r.utf8(start, "extra key", bytes, STRING_BYTES_MAX)?)),
+        Item::Array(2) => {
+            let first_start = r.pos();
+            let first = r.next()?;
+            let Item::Str(bytes) = first else {
+                r.skip_children(first, 1)?;
+                r.skip()?;
+                return Ok(ExtraKey::Other);
+            };
+            let text = r.utf8(first_start, "extra key", bytes, STRING_BYTES_MAX)?;
+            match r.next()? {
+                Item::Uint(_) | Item::Int(_) => Ok(ExtraKey::TextWithOffset(text)),
+                other => {
+                    r.skip_children(other, 1)?;
+                    Ok(ExtraKey::Other)
+                }
+            }
+        }
+        other => {
+            r.skip_children(other, 1)?;
+            Ok(ExtraKey::Other)
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod tests;

@@ -1,0 +1,85 @@
+//! A snapshot file that cannot be trusted is detected, named in one log
+//! line, and ignored: the daemon starts empty (no index, no registration:
+//! never half-loaded) and its next write replaces the file. A directory
+//! another daemon holds is refused at startup.
+
+mod snapshot_support;
+mod support;
+
+use kv_indexer::snapshot::FORMAT_VERSION;
+use serde_json::json;
+use snapshot_support::{decodes, header_len, reseal, TempDir};
+use std::process::{Command, Stdio};
+use support::daemon::Daemon;
+use support::publisher::{PublisherConfig, TestPublisher};
+use support::wait_until;
+
+/// A valid snapshot with one registration and some blocks.
+fn valid_snapshot() -> Vec<u8> {
+    let dir = TempDir::new("source");
+    let mut p = TestPublisher::new(PublisherConfig { block_size: 4, seed: 11, ..PublisherConfig::default() });
+    let workers = format!("1={}", p.endpoint);
+    let mut d = Daemon::start(&["--block-size", "4", "--workers", &workers, "--snapshot-dir", &dir.arg()]);
+    assert!(p.wait_subscribed(1));
+    let chain = p.new_store(kv_indexer::StorageTier::Device, None, 5);
+    p.publish(vec![chain]);
+    assert!(wait_until(|| d.get("/dump").1.contains("block_hash")));
+    assert_eq!(d.terminate(), Some(0));
+    let bytes = std::fs::read(dir.file()).unwrap();
+    let s = kv_indexer::snapshot::decode(&bytes).unwrap();
+    assert_eq!((s.registrations.len(), s.pairs()), (1, 5));
+    bytes
+}
+
+#[test]
+fn an_untrustworthy_file_is_reported_and_ignored_never_half_loaded() {
+    let valid = valid_snapshot();
+    let h = header_len(&valid);
+    let body = &valid[h..];
+    let mut flipped = valid.clone();
+    *flipped.last_mut().unwrap() ^= 0x01;
+    let mut future = valid.clone();
+    future[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    // Checksums right, content wrong: the registrations decode, the index
+    // section after them does not; nothing may be applied.
+    let half = reseal(&valid, &body[..body.len() - 1]);
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty", Vec::new(), "the file is empty"),
+        ("truncated", valid[..valid.len() / 2].to_vec(), "truncated"),
+        ("header-cut", valid[..h - 3].to_vec(), "truncated"),
+        ("corrupt", flipped, "body checksum mismatch"),
+        ("foreign", b"{\"some\": \"json\"}\n".to_vec(), "not a kv-indexer snapshot"),
+        ("future", future, "written by a newer kv-indexer"),
+        ("half", half, "malformed body"),
+    ];
+    for (name, bytes, phrase) in cases {
+        let dir = TempDir::new(name);
+        std::fs::write(dir.file(), &bytes).unwrap();
+        let mut d = Daemon::start(&["--snapshot-dir", &dir.arg(), "--snapshot-interval-s", "0"]);
+        assert!(wait_until(|| d.get("/health").0 == 200), "{name}: ready");
+        let line = d.log().iter().find(|l| l.contains("ignoring snapshot")).cloned();
+        let line = line.unwrap_or_else(|| panic!("{name}: no report in {:?}", d.log()));
+        assert!(line.starts_with("WARN") && line.contains(phrase), "{name}: {line}");
+        assert_eq!(d.log().iter().filter(|l| l.contains("snapshot")).count(), 1, "{name}: one line");
+        assert_eq!(d.get_json("/dump").1, json!({}), "{name}: no index");
+        assert_eq!(d.get_json("/workers").1, json!([]), "{name}: no registration");
+        assert_eq!(d.terminate(), Some(0));
+        assert!(decodes(&dir.file()), "{name}: the stop snapshot replaces the bad file");
+    }
+}
+
+#[test]
+fn a_directory_held_by_another_daemon_is_refused() {
+    let dir = TempDir::new("locked");
+    let first = Daemon::start(&["--snapshot-dir", &dir.arg()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_kv-indexer"))
+        .args(["--port", "0", "--host", "127.0.0.1", "--no-pin", "--snapshot-dir", &dir.arg()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("another kv-indexer holds it"), "{stderr}");
+    drop(first);
+}

@@ -1,0 +1,270 @@
+//! Restarting warm from `--snapshot-dir` with the real binary and real ZMQ
+//! engines: the same /dump and registrations right after the restart; the
+//! batches published while the daemon was down replayed from the engine's
+//! ring from exactly the saved watermark; a downtime longer than the ring
+//! resyncs rather than keeping evicted blocks; an engine that restarted
+//! meanwhile leaves no stale block (on its registered rank or a rank named
+//! inside its batches); a killed daemon restarts from its periodic snapshot.
+
+mod snapshot_support;
+mod support;
+
+use kv_indexer::StorageTier;
+use serde_json::{json, Value};
+use snapshot_support::{decodes, facts, held, TempDir};
+use support::daemon::Daemon;
+use support::model_sink::Tiers as TruthTiers;
+use support::publisher::{PublisherConfig, TestEvent, TestPublisher};
+use support::wait_until;
+
+const KEY: &str = "m:default";
+
+fn engine(seed: u64, batch_dp_rank: Option<u32>) -> TestPublisher {
+    TestPublisher::new(PublisherConfig { block_size: 4, seed, batch_dp_rank, ..PublisherConfig::default() })
+}
+
+/// Daemon flags: model `m`, block size 4, snapshots in `dir` only on stop.
+fn args<'a>(workers: Option<&'a str>, dir: &'a str) -> Vec<&'a str> {
+    let mut v = vec!["--block-size", "4", "--model-name", "m", "--snapshot-dir", dir, "--snapshot-interval-s", "0"];
+    if let Some(w) = workers {
+        v.extend(["--workers", w]);
+    }
+    v
+}
+
+/// Registers an engine with its replay endpoint (`--workers` cannot name one).
+fn register(d: &Daemon, instance: u64, p: &TestPublisher, model: &str, tenant: &str) {
+    let body = json!({"instance_id": instance, "endpoint": p.endpoint, "replay_endpoint": p.replay_endpoint,
+                      "model_name": model, "tenant_id": tenant, "block_size": 4});
+    assert_eq!(d.post_json("/register", body).0, 201);
+}
+
+/// Random history, then a fixed chain so the engine surely holds something.
+fn history(p: &mut TestPublisher, batches: usize) {
+    p.publish_random(batches);
+    let chain = p.new_store(StorageTier::Device, None, 3);
+    p.publish(vec![chain]);
+}
+
+fn dump(d: &Daemon) -> Value {
+    d.get_json("/dump").1
+}
+
+fn same(held: &snapshot_support::Tiers, truth: &TruthTiers) -> bool {
+    held.iter().zip(truth.iter()).all(|(a, b)| a == b)
+}
+
+/// Waits until the daemon's view of `instance:rank` is the engine's visible truth.
+fn converges(d: &Daemon, key: &str, instance: u64, rank: u32, p: &TestPublisher) -> bool {
+    wait_until(|| same(&held(&dump(d), key, instance, rank), &p.visible_truth()))
+}
+
+fn stop(d: &mut Daemon) {
+    assert_eq!(d.terminate(), Some(0));
+    assert!(d.log().iter().any(|l| l.contains("snapshot written on stop")), "{:?}", d.log());
+}
+
+#[test]
+fn a_restart_serves_the_same_dump_and_registrations_as_before_the_stop() {
+    let dir = TempDir::new("warm");
+    let (mut p, mut q) = (engine(3, None), engine(4, None));
+    let workers = format!("1={}", p.endpoint);
+    let dir_arg = dir.arg();
+    let mut a = Daemon::start(&args(Some(&workers), &dir_arg));
+    register(&a, 2, &q, "n", "t");
+    assert!(p.wait_subscribed(1) && q.wait_subscribed(1));
+    history(&mut p, 30);
+    history(&mut q, 30);
+    assert!(converges(&a, KEY, 1, 0, &p));
+    assert!(converges(&a, "n:t", 2, 0, &q));
+    let before = dump(&a);
+    let workers_before = a.get_json("/workers").1;
+    stop(&mut a);
+    assert!(decodes(&dir.file()));
+
+    let b = Daemon::start(&args(Some(&workers), &dir_arg));
+    assert!(wait_until(|| b.get("/health").0 == 200));
+    assert_eq!(facts(&dump(&b)), facts(&before), "the restored dump equals the one before the stop");
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        for w in v.as_array_mut().unwrap() {
+            w.as_object_mut().unwrap().remove("status");
+            w.as_object_mut().unwrap().remove("listeners");
+        }
+        v
+    };
+    assert_eq!(strip(&b.get_json("/workers").1), strip(&workers_before), "registrations restored");
+
+    // Both engines go on; the restarted daemon follows them.
+    assert!(p.wait_subscribed(2) && q.wait_subscribed(2));
+    p.publish_random(5);
+    q.publish_random(5);
+    assert!(converges(&b, KEY, 1, 0, &p));
+    assert!(converges(&b, "n:t", 2, 0, &q));
+}
+
+#[test]
+fn batches_published_while_down_are_replayed_from_the_saved_watermark() {
+    let dir = TempDir::new("replay");
+    let mut p = engine(5, None);
+    let dir_arg = dir.arg();
+    let mut a = Daemon::start(&args(None, &dir_arg));
+    register(&a, 1, &p, "m", "default");
+    assert!(p.wait_subscribed(1));
+    history(&mut p, 20);
+    assert!(converges(&a, KEY, 1, 0, &p));
+    let watermark = p.next_seq() - 1;
+    stop(&mut a);
+
+    // Nobody listens: these reach only the engine's replay ring.
+    p.publish_random(15);
+    let b = Daemon::start(&args(None, &dir_arg));
+    assert!(p.wait_subscribed(2));
+    p.publish_random(1);
+    assert!(converges(&b, KEY, 1, 0, &p));
+    assert_eq!(p.replay_requests(), vec![watermark + 1], "replayed from just past the saved watermark");
+}
+
+#[test]
+fn a_downtime_longer_than_the_ring_resyncs_instead_of_keeping_evicted_blocks() {
+    let dir = TempDir::new("resync");
+    let mut p = engine(6, None);
+    let dir_arg = dir.arg();
+    let mut a = Daemon::start(&args(None, &dir_arg));
+    register(&a, 1, &p, "m", "default");
+    assert!(p.wait_subscribed(1));
+    p.publish_random(10);
+    let TestEvent::Stored { hashes, .. } = p.new_store(StorageTier::Device, None, 4) else { unreachable!() };
+    p.publish(vec![TestEvent::Stored { tier: StorageTier::Device, parent: None, hashes: hashes.clone() }]);
+    assert!(converges(&a, KEY, 1, 0, &p));
+    stop(&mut a);
+
+    // While down the engine evicts the chain, and its ring rolls over.
+    p.publish(vec![TestEvent::Removed { tier: StorageTier::Device, hashes: hashes.clone() }]);
+    p.publish_random(5);
+    p.drop_buffer();
+    let b = Daemon::start(&args(None, &dir_arg));
+    assert!(wait_until(|| b.get("/health").0 == 200));
+    assert!(held(&dump(&b), KEY, 1, 0)[0].contains(&hashes[0]), "restored warm first");
+    assert!(p.wait_subscribed(2));
+    let fresh = p.new_store(StorageTier::Device, None, 2);
+    let TestEvent::Stored { hashes: fresh_hashes, .. } = fresh.clone() else { unreachable!() };
+    p.publish(vec![fresh]);
+    assert!(wait_until(|| held(&dump(&b), KEY, 1, 0)[0].contains(&fresh_hashes[1])));
+    let now = held(&dump(&b), KEY, 1, 0);
+    for (tier, set) in now.iter().enumerate() {
+        assert!(set.is_subset(&p.truth()[tier]), "stale blocks in tier {tier}: {set:?}");
+    }
+    assert!(hashes.iter().all(|h| !now[0].contains(h)), "evicted blocks are gone");
+    assert!(b.get("/metrics").1.contains("kv_indexer_resyncs_total 1"));
+}
+
+#[test]
+fn an_engine_that_restarted_while_down_leaves_no_stale_block() {
+    let dir = TempDir::new("engine-restart");
+    // q names rank 3 inside its batches while registered as rank 0.
+    let (mut p, mut q) = (engine(7, None), engine(8, Some(3)));
+    let dir_arg = dir.arg();
+    let mut a = Daemon::start(&args(None, &dir_arg));
+    register(&a, 1, &p, "m", "default");
+    register(&a, 2, &q, "m", "default");
+    assert!(p.wait_subscribed(1) && q.wait_subscribed(1));
+    history(&mut p, 20);
+    history(&mut q, 20);
+    assert!(converges(&a, KEY, 1, 0, &p) && converges(&a, KEY, 2, 3, &q));
+    let old = dump(&a);
+    let old_blocks: Vec<u64> =
+        [held(&old, KEY, 1, 0), held(&old, KEY, 2, 3)].iter().flatten().flatten().copied().collect();
+    assert!(!old_blocks.is_empty());
+    stop(&mut a);
+
+    // New processes on the same ports: seq back to 0, empty cache and ring.
+    p.restart(true);
+    q.restart(true);
+    p.publish_random(3);
+    q.publish_random(3);
+    let b = Daemon::start(&args(None, &dir_arg));
+    assert!(wait_until(|| b.get("/health").0 == 200));
+    assert!(p.wait_subscribed(1) && q.wait_subscribed(1));
+    p.publish_random(1);
+    q.publish_random(1);
+    assert!(converges(&b, KEY, 1, 0, &p));
+    assert!(converges(&b, KEY, 2, 3, &q));
+    let now = dump(&b);
+    let all: Vec<u64> = [held(&now, KEY, 1, 0), held(&now, KEY, 2, 3), held(&now, KEY, 2, 0)]
+        .iter()
+        .flatten()
+        .flatten()
+        .copied()
+        .collect();
+    assert!(old_blocks.iter().all(|h| !all.contains(h)), "a block of the old processes survived");
+    assert!(b.get("/metrics").1.contains("kv_indexer_restarts_total 2"));
+}
+
+#[test]
+fn a_killed_daemon_restarts_from_its_last_periodic_snapshot() {
+    let dir = TempDir::new("periodic");
+    let mut p = engine(9, None);
+    let workers = format!("1={}", p.endpoint);
+    let dir_arg = dir.arg();
+    let mut periodic = args(Some(&workers), &dir_arg);
+    periodic[7] = "1";
+    let a = Daemon::start(&periodic);
+    assert!(p.wait_subscribed(1));
+    history(&mut p, 10);
+    assert!(converges(&a, KEY, 1, 0, &p));
+    let expected = facts(&dump(&a));
+    let pairs = held(&dump(&a), KEY, 1, 0).iter().map(|t| t.len() as u64).sum::<u64>();
+    let saved_pairs =
+        || std::fs::read(dir.file()).ok().and_then(|b| kv_indexer::snapshot::decode(&b).ok()).map(|s| s.pairs());
+    assert!(wait_until(|| saved_pairs() == Some(pairs)), "a periodic snapshot holds the state");
+    drop(a); // SIGKILL: no stop snapshot
+
+    let b = Daemon::start(&args(Some(&workers), &dir_arg));
+    assert!(wait_until(|| b.get("/health").0 == 200));
+    assert_eq!(facts(&dump(&b)), expected);
+}
+
+#[test]
+fn a_reachable_peer_replaces_the_snapshot_for_the_workers_it_knows() {
+    let dir = TempDir::new("peer");
+    let (mut p, mut r) = (engine(10, None), engine(11, None));
+    let dir_arg = dir.arg();
+    let mut a = Daemon::start(&args(None, &dir_arg));
+    register(&a, 1, &p, "m", "default");
+    register(&a, 5, &r, "m", "default");
+    assert!(p.wait_subscribed(1) && r.wait_subscribed(1));
+    history(&mut p, 10);
+    history(&mut r, 10);
+    let TestEvent::Stored { hashes: y, .. } = p.new_store(StorageTier::Device, None, 3) else { unreachable!() };
+    p.publish(vec![TestEvent::Stored { tier: StorageTier::Device, parent: None, hashes: y.clone() }]);
+    assert!(converges(&a, KEY, 1, 0, &p) && converges(&a, KEY, 5, 0, &r));
+    let r_before = held(&dump(&a), KEY, 5, 0);
+    stop(&mut a);
+
+    // A live peer that follows only engine 1, and sees it evict y[2] and store x.
+    let c = Daemon::start(&[]);
+    register(&c, 1, &p, "m", "default");
+    assert!(p.wait_subscribed(2));
+    p.publish(vec![TestEvent::Removed { tier: StorageTier::Device, hashes: vec![y[2]] }]);
+    let TestEvent::Stored { hashes: x, .. } = p.new_store(StorageTier::Device, None, 2) else { unreachable!() };
+    p.publish(vec![TestEvent::Stored { tier: StorageTier::Device, parent: None, hashes: x.clone() }]);
+    assert!(converges(&c, KEY, 1, 0, &p));
+
+    let mut b = Daemon::start(&[
+        "--snapshot-dir",
+        &dir_arg,
+        "--snapshot-interval-s",
+        "0",
+        "--peers",
+        &c.base,
+        "--slow-joiner-ms",
+        "50",
+    ]);
+    assert!(wait_until(|| b.get("/health").0 == 200));
+    let mine = held(&dump(&b), KEY, 1, 0);
+    assert_eq!(mine, held(&dump(&c), KEY, 1, 0), "the peer's blocks for the worker it knows");
+    assert!(mine[0].contains(&x[1]) && !mine[0].contains(&y[2]));
+    assert_eq!(held(&dump(&b), KEY, 5, 0), r_before, "the snapshot's blocks for the worker it does not");
+    assert!(b.log().iter().any(|l| l.contains("replaces the snapshot's blocks of 1 worker(s)")), "{:?}", b.log());
+}

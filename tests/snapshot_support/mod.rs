@@ -1,0 +1,106 @@
+//! Helpers for the snapshot tests: a scratch directory removed on drop,
+//! a worker's blocks read from a daemon's /dump, and the header layout
+//! (to forge files whose checksums are right but whose content is not).
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Held engine hashes per tier (device, host pinned, disk, external).
+pub type Tiers = [BTreeSet<u64>; 4];
+
+/// A fresh directory under the system temp dir, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("kvi-snapshot-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    pub fn arg(&self) -> String {
+        self.0.display().to_string()
+    }
+
+    pub fn file(&self) -> PathBuf {
+        self.0.join("snapshot.bin")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The blocks `/dump` says worker `instance:rank` holds in index `key`.
+pub fn held(dump: &Value, key: &str, instance: u64, rank: u32) -> Tiers {
+    let mut out = Tiers::default();
+    let Some(events) = dump.get(key).and_then(|e| e["events"].as_array()) else { return out };
+    for ev in events {
+        if ev["worker_id"].as_u64() != Some(instance) || ev["event"]["dp_rank"].as_u64() != Some(rank as u64) {
+            continue;
+        }
+        let tier = match ev["storage_tier"].as_str().unwrap_or("device") {
+            "device" => 0,
+            "host_pinned" => 1,
+            "disk" => 2,
+            _ => 3,
+        };
+        for b in ev["event"]["data"]["stored"]["blocks"].as_array().unwrap() {
+            out[tier].insert(b["block_hash"].as_u64().unwrap());
+        }
+    }
+    out
+}
+
+/// A dump as a set of (index, worker, tier, block, local, parent) facts,
+/// whatever the order and grouping of its events.
+pub fn facts(dump: &Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (key, entry) in dump.as_object().unwrap() {
+        out.insert(format!("{key} block_size {}", entry["block_size"]));
+        for ev in entry["events"].as_array().unwrap() {
+            let worker = format!("{}:{}", ev["worker_id"], ev["event"]["dp_rank"]);
+            let tier = ev["storage_tier"].as_str().unwrap_or("device").to_string();
+            let stored = &ev["event"]["data"]["stored"];
+            let mut parent = stored["parent_hash"].to_string();
+            for b in stored["blocks"].as_array().unwrap() {
+                out.insert(format!("{key} {worker} {tier} {} {} {parent}", b["block_hash"], b["tokens_hash"]));
+                parent = b["block_hash"].to_string();
+            }
+        }
+    }
+    out
+}
+
+/// Length of a snapshot file's header (see `snapshot::codec`).
+pub fn header_len(file: &[u8]) -> usize {
+    14 + u16::from_le_bytes([file[12], file[13]]) as usize + 32
+}
+
+/// Replaces a file's body and makes both checksums right again.
+pub fn reseal(file: &[u8], body: &[u8]) -> Vec<u8> {
+    use xxhash_rust::xxh3::xxh3_64;
+    let h = header_len(file);
+    let mut out = file[..h].to_vec();
+    let fixed = h - 32;
+    out[fixed + 8..fixed + 16].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    out[fixed + 16..fixed + 24].copy_from_slice(&xxh3_64(body).to_le_bytes());
+    let sum = xxh3_64(&out[..h - 8]);
+    out[h - 8..].copy_from_slice(&sum.to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// Whether `path` holds a snapshot this build decodes.
+pub fn decodes(path: &Path) -> bool {
+    std::fs::read(path).ok().is_some_and(|b| kv_indexer::snapshot::decode(&b).is_ok())
+}

@@ -1,0 +1,110 @@
+//! Runs the real `kv-indexer` binary for behaviour tests: on a free port
+//! (it binds port 0 and logs the one it got), killed when dropped, with a
+//! small JSON-over-HTTP client.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A running daemon.
+pub struct Daemon {
+    child: Child,
+    pub port: u16,
+    pub base: String,
+    /// Lines the daemon wrote to stderr so far (drained by `log`).
+    lines: mpsc::Receiver<String>,
+    pub log: Vec<String>,
+}
+
+impl Daemon {
+    /// Starts the daemon with `args` (plus `--port 0 --host 127.0.0.1`) and waits until it listens.
+    pub fn start(args: &[&str]) -> Daemon {
+        Self::start_env(args, &[])
+    }
+
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kv-indexer"));
+        cmd.args(["--port", "0", "--host", "127.0.0.1", "--no-pin"]).args(args);
+        cmd.env_remove("NOTIFY_SOCKET").env_remove("DYN_ROUTER_MIN_INITIAL_WORKERS");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("starting kv-indexer");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut log = Vec::new();
+        let port = loop {
+            let line =
+                rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("daemon did not start: {log:?}"));
+            log.push(line.clone());
+            if let Some(rest) = line.split(" listening on ").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap();
+                break addr.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+            }
+        };
+        Daemon { child, port, base: format!("http://127.0.0.1:{port}"), lines: rx, log }
+    }
+
+    /// Everything logged so far.
+    pub fn log(&mut self) -> &[String] {
+        while let Ok(l) = self.lines.try_recv() {
+            self.log.push(l);
+        }
+        &self.log
+    }
+
+    /// Sends SIGTERM and waits for the exit; returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        // SAFETY: plain kill(2) on our child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        request("GET", &format!("{}{path}", self.base), None)
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> (u16, String) {
+        request("POST", &format!("{}{path}", self.base), Some(body))
+    }
+
+    pub fn post_json(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let (status, text) = self.post(path, &body.to_string());
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} answered non-JSON {text:?}: {e}")))
+    }
+
+    pub fn get_json(&self, path: &str) -> (u16, serde_json::Value) {
+        let (status, text) = self.get(path);
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} answered non-JSON {text:?}: {e}")))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP request; any status is returned (not an error).
+pub fn request(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(20)).build();
+    let req = agent.request(method, url);
+    let res = match body {
+        Some(b) => req.send_string(b),
+        None => req.call(),
+    };
+    match res {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
