@@ -112,8 +112,8 @@ fn main() {
     let query: Vec<u64> = (0..QUERY_BLOCKS as u64).map(|i| 77_000 + i).collect();
     println!("index_query: {WORKERS} workers, {QUERY_BLOCKS}-block query, {queries} queries per jump size");
     println!(
-        "{:>5} {:>9} {:>9} {:>9} {:>9} {:>12} {:>10} {:>11}",
-        "jump", "p50 ns", "p99 ns", "p999 ns", "mean ns", "stores/s", "pairs", "B/pair"
+        "{:>5} {:>9} {:>9} {:>9} {:>9} {:>12} {:>12} {:>10} {:>8}",
+        "jump", "p50 ns", "p99 ns", "p999 ns", "mean ns", "stores/s", "removes/s", "pairs", "B/pair"
     );
     for jump in [1, 4, 8, 16, 32, 64] {
         let (ix, rate, pairs, events) = build(jump, &mut rng, &query);

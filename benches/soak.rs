@@ -276,6 +276,15 @@ fn main() {
     let settled = &windows[windows.len() / 3];
     let drift = |a: f64, b: f64| if a > 0.0 { (b - a) / a * 100.0 } else { 0.0 };
     let p99_drift = drift(first.p99_us as f64, last.p99_us as f64);
+    // One window's p99 swings with whatever else the machine runs: judge drift
+    // on the median window p99 of the last third against the first third.
+    let third = (windows.len() / 3).max(1);
+    let median_p99 = |ws: &[_]| {
+        let mut v: Vec<u32> = ws.iter().map(|w: &Window| w.p99_us).collect();
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    let (early_p99, late_p99) = (median_p99(&windows[..third]), median_p99(&windows[windows.len() - third..]));
     let rss_drift = drift(first.rss as f64, last.rss as f64);
     let rss_settled_drift = drift(settled.rss as f64, last.rss as f64);
     let errors = errors_total + (!drained) as u64 + wrong + overclaimed + (exit != Some(0)) as u64;
@@ -287,6 +296,7 @@ fn main() {
         pub_total
     );
     println!("p99 first window {} us, last {} us: drift {p99_drift:+.1}%", first.p99_us, last.p99_us);
+    println!("p99 median of window p99s, first third {early_p99} us, last third {late_p99} us");
     println!(
         "rss first window {:.1} MiB, after warm-up {:.1} MiB, last {:.1} MiB, peak {:.1} MiB: drift {rss_drift:+.1}% ({rss_settled_drift:+.1}% after warm-up)",
         mib(first.rss),
@@ -305,11 +315,11 @@ fn main() {
     for l in daemon_log.notable.lock().iter() {
         println!("daemon: {l}");
     }
-    let p99_ok = last.p99_us as f64 <= 2.0 * first.p99_us.max(100) as f64;
+    let p99_ok = late_p99 as f64 <= 2.0 * early_p99.max(100) as f64;
     let rss_ok = rss_settled_drift <= 10.0;
     let verdict = if errors == 0 && p99_ok && rss_ok { "PASS" } else { "FAIL" };
     println!(
-        "verdict: {verdict} (errors {errors}; p99 last <= 2x first: {p99_ok}; RSS growth after warm-up <= 10%: {rss_ok})"
+        "verdict: {verdict} (errors {errors}; median p99 late <= 2x early: {p99_ok}; RSS growth after warm-up <= 10%: {rss_ok})"
     );
     if verdict != "PASS" {
         std::process::exit(1);

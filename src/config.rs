@@ -31,8 +31,8 @@ pub struct Config {
     pub writer_threads: usize,
     /// Listener threads. 0: from the core count.
     pub listener_threads: usize,
-    /// HTTP worker threads. 0: from the core count.
-    pub http_threads: usize,
+    /// Most open HTTP connections (one thread each).
+    pub http_connections_max: usize,
     pub block_size: Option<u32>,
     pub model_name: String,
     pub tenant_id: String,
@@ -69,7 +69,7 @@ impl Default for Config {
             unix_socket: None,
             writer_threads: 0,
             listener_threads: 0,
-            http_threads: 0,
+            http_connections_max: crate::http::server::CONNECTIONS_MAX,
             block_size: None,
             model_name: "default".into(),
             tenant_id: "default".into(),
@@ -124,7 +124,7 @@ OPTIONS:
   --unix-socket PATH       also serve the API on this Unix socket
   --threads N              writer shards applying events (default: from cores)
   --listener-threads N     threads owning the ZMQ sockets (default: from cores)
-  --http-threads N         HTTP worker threads (default: from cores)
+  --http-connections-max N most open HTTP connections, one thread each (default 1024)
   --block-size N           block size of the --workers index (required with --workers)
   --model-name NAME        model of the --workers index (default \"default\")
   --tenant-id NAME         tenant of the --workers index (default \"default\")
@@ -136,7 +136,7 @@ OPTIONS:
   --min-initial-workers N  not ready until N workers are registered
                            (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
   --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)
-  --peer-timeout-ms N      timeout of a peer dump request (default 10000)
+  --peer-timeout-ms N      timeout of a whole peer dump request (default 10000)
   --max-pairs N            cap on live (block, worker) pairs over all indexes; past it new
                            blocks are refused and counted, never guessed (default 134217728;
                            0: no cap)
@@ -251,7 +251,7 @@ where
             "--unix-socket",
             "--threads",
             "--listener-threads",
-            "--http-threads",
+            "--http-connections-max",
             "--block-size",
             "--model-name",
             "--tenant-id",
@@ -285,7 +285,7 @@ where
             "--unix-socket" => cfg.unix_socket = Some(PathBuf::from(v)),
             "--threads" => cfg.writer_threads = parse_num(&flag, &v, 1, 1024)?,
             "--listener-threads" => cfg.listener_threads = parse_num(&flag, &v, 1, 1024)?,
-            "--http-threads" => cfg.http_threads = parse_num(&flag, &v, 1, 1024)?,
+            "--http-connections-max" => cfg.http_connections_max = parse_num(&flag, &v, 1, 65_536)?,
             "--block-size" => cfg.block_size = Some(parse_num(&flag, &v, 1, 1 << 20)?),
             "--model-name" => cfg.model_name = non_empty(&flag, v)?,
             "--tenant-id" => cfg.tenant_id = non_empty(&flag, v)?,

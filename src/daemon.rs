@@ -26,10 +26,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
-}
-
 /// Runs the daemon until a stop signal; Err is a startup failure to report.
 pub fn run(cfg: Config) -> Result<(), String> {
     crate::log::set_level(cfg.log_level);
@@ -88,12 +84,11 @@ pub fn run(cfg: Config) -> Result<(), String> {
         admin_token: cfg.admin_token.clone(),
         auth_refused: Default::default(),
     });
-    let http_threads = if cfg.http_threads == 0 { cores().clamp(2, 8) } else { cfg.http_threads };
     let http = HttpServer::start(
         &cfg.host,
         cfg.port,
         cfg.unix_socket.as_deref(),
-        http_threads,
+        cfg.http_connections_max,
         cfg.body_limit_bytes,
         api,
         metrics,

@@ -34,9 +34,10 @@ pub struct Recovered {
     pub blocks_stored: u64,
 }
 
-/// Fetches and parses one peer's dump.
+/// Fetches and parses one peer's dump; `timeout` bounds the whole request,
+/// body included, so a peer that trickles bytes cannot hold startup.
 pub fn fetch_dump(peer: &str, timeout: Duration) -> Result<Vec<DumpEntry>, String> {
-    let agent = ureq::AgentBuilder::new().timeout_connect(timeout).timeout_read(timeout).build();
+    let agent = ureq::AgentBuilder::new().timeout_connect(timeout).timeout(timeout).build();
     let resp = agent.get(&format!("{peer}/dump")).call().map_err(|e| e.to_string())?;
     let mut body = Vec::new();
     resp.into_reader().take(DUMP_BYTES_MAX + 1).read_to_end(&mut body).map_err(|e| format!("reading the dump: {e}"))?;

@@ -2,5 +2,6 @@
 
 pub mod auth;
 pub mod codec;
+pub mod request;
 pub mod routes;
 pub mod server;

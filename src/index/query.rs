@@ -168,6 +168,35 @@ fn extend(
 
 /// Attempts per group before a query waits for the writer instead.
 const RETRIES_MAX: usize = 8;
+/// How long a query waits, in all, for workers in the middle of an event
+/// before it takes the writer lock instead (a last resort: the lock may be
+/// held across a whole batch of events).
+const WAIT_EVEN_MAX_US: u64 = 50_000;
+
+/// Waits until no worker of `mask` is in the middle of an event, or the
+/// deadline passes. Spins briefly, then yields: one event takes microseconds
+/// to a fraction of a millisecond.
+fn wait_between_events(table: &SlotTable, group: usize, mask: u64, deadline: std::time::Instant) {
+    let mut v = [0u64; G];
+    for round in 0u32.. {
+        table.read_versions(group, mask, &mut v);
+        let mut m = mask;
+        let mut busy = false;
+        while m != 0 {
+            let b = m.trailing_zeros() as usize;
+            busy |= v[b] & 1 == 1;
+            m &= m - 1;
+        }
+        if !busy || std::time::Instant::now() >= deadline {
+            return;
+        }
+        if round < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
 
 /// Per-slot depths of one group: device, host (cumulative), disk (cumulative).
 type Depths = ([u32; G], [u32; G], [u32; G]);
@@ -217,8 +246,10 @@ fn merge(into: &mut Depths, from: &Depths, mut mask: u64) {
 
 /// Every worker's depths. A worker whose events were being applied while
 /// its bits were read is searched again (alone), so each worker's answer is
-/// a state it really had; past `RETRIES_MAX` the search waits for the writer
-/// (`lock_writer`), which no event can then interleave with.
+/// a state it really had. Before each retry it waits (briefly, bounded)
+/// for those workers' events in progress to finish; past `RETRIES_MAX`
+/// retries it takes the writer lock (`lock_writer`), which no event can
+/// then interleave with.
 pub(crate) fn find<L, G2>(shared: &Shared, chains: &mut Chains, jump: usize, lock_writer: L) -> Matches
 where
     L: Fn() -> G2,
@@ -238,7 +269,15 @@ where
             let (mut before, mut after) = ([0u64; G], [0u64; G]);
             let mut mask = live;
             let mut depths: Depths = ([0; G], [0; G], [0; G]);
+            let mut deadline = None;
             for attempt in 0..=RETRIES_MAX {
+                if attempt > 0 {
+                    // Wait out the events in progress rather than race them again.
+                    let d = *deadline.get_or_insert_with(|| {
+                        std::time::Instant::now() + std::time::Duration::from_micros(WAIT_EVEN_MAX_US)
+                    });
+                    wait_between_events(table, group, mask, d);
+                }
                 let _held = (attempt == RETRIES_MAX).then(&lock_writer);
                 table.read_versions(group, mask, &mut before);
                 let found = group_depths(shared, chains, jump, group as u32, mask, &lower_tiers, &guard);

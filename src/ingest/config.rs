@@ -8,6 +8,13 @@ pub const DP_RANKS_PER_LISTENER_MAX: usize = 1_024;
 /// Most messages taken from one socket per poll round, so a busy publisher
 /// cannot starve the others on its thread.
 pub const RECV_BURST_MAX: usize = 256;
+/// Most times one replay asks again after its replies stopped short: an
+/// engine's ROUTER socket drops replies that overflow its pipe, so a long
+/// replay arrives with holes although the engine still buffers them. Each
+/// retry needs progress since the request before it.
+pub const REPLAY_RETRIES_MAX: u32 = 32;
+/// A replay whose replies stop for this long short of its range asks again.
+pub const REPLAY_IDLE_MS: u64 = 200;
 /// Most control messages (add/remove listener) queued per listener thread.
 pub const CONTROL_QUEUE_MAX: usize = 1_024;
 /// Largest block size a listener accepts, in tokens.

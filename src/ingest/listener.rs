@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
-use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX};
+use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS, REPLAY_RETRIES_MAX};
 use super::counters::Counters;
 use super::decode::{decode_live, decode_reply, Batch, Reply};
 use super::log::LogLimiter;
@@ -330,16 +330,18 @@ impl Listener {
     }
 
     fn sequence_live(&mut self, t: &ThreadCtx, batch: Batch) {
-        // At most three rounds: a duplicate is judged again once after a
-        // monitor check, and a restart resets the sequencer, after which the
-        // batch starts a new stream and cannot be a duplicate or restart.
+        // At most three rounds: a duplicate or a gap is judged again once
+        // after a monitor check, and a restart or rejoin resets the
+        // sequencer, after which the batch starts a new stream and cannot be
+        // a duplicate, restart or rejoin.
         let mut monitor_checked = false;
         for _ in 0..3 {
             match self.seq.judge_live(batch.seq) {
                 Verdict::Apply => return self.apply(t, batch),
-                Verdict::Duplicate if !monitor_checked => {
-                    // A step back is a restart if the socket reconnected; make
-                    // sure a reconnect already queued on the monitor is known.
+                Verdict::Duplicate | Verdict::Gap { fresh: false, .. } if !monitor_checked => {
+                    // A step back is a restart, and a gap a rejoin, if the socket
+                    // reconnected: make sure a reconnect already queued on the
+                    // monitor is known.
                     monitor_checked = true;
                     self.read_monitor();
                 }
@@ -353,6 +355,21 @@ impl Listener {
                     let seq = batch.seq;
                     self.log.warn(|| {
                         format!("publisher {endpoint} restarted (seq {seq} after {last:?}); clearing its workers")
+                    });
+                    self.clear_workers(t);
+                    self.seq.reset();
+                    self.spec.shared.set_last_seq(None);
+                }
+                Verdict::Rejoin => {
+                    t.bump(&t.counters.gaps_detected, 1);
+                    t.bump(&t.counters.resyncs, 1);
+                    let (endpoint, last) = (&self.spec.endpoint, self.seq.last());
+                    let seq = batch.seq;
+                    self.log.warn(|| {
+                        format!(
+                            "reconnected to {endpoint} with batches missing (seq {seq} after {last:?}); \
+                             it may be a new process: clearing its workers and replaying from 0"
+                        )
                     });
                     self.clear_workers(t);
                     self.seq.reset();
@@ -382,7 +399,7 @@ impl Listener {
         let Some(endpoint) = self.spec.replay_endpoint.as_deref() else {
             return false;
         };
-        match ReplayRun::start(&t.ctx, endpoint, from, to, t.cfg.replay_timeout_ms) {
+        match ReplayRun::start(&t.ctx, endpoint, from, to, t.cfg.replay_timeout_ms, t.cfg.replay_batches_max) {
             Ok(run) => {
                 t.bump(&t.counters.replays_started, 1);
                 self.replay = Some(run);
@@ -476,9 +493,10 @@ impl Listener {
                 return;
             };
             run.replies += 1;
+            run.last_reply = Instant::now();
             let over_budget = run.replies >= t.cfg.replay_batches_max;
             match decode_reply(&frames) {
-                Ok(Reply::End) => return self.finish_replay(t),
+                Ok(Reply::End) => return self.replay_ended(t),
                 Ok(Reply::Batch(batch)) => self.on_replayed(t, batch),
                 Err(e) => {
                     t.bump(&t.counters.malformed_messages, 1);
@@ -498,7 +516,7 @@ impl Listener {
         };
         if batch.seq >= to {
             // Replies come in seq order: everything below `to` has been sent.
-            return self.finish_replay(t);
+            return self.replay_ended(t);
         }
         self.note_undecodable(t, &batch);
         match self.seq.judge_replayed(batch.seq) {
@@ -507,7 +525,11 @@ impl Listener {
                 self.count_replayed(1);
             }
             Verdict::Gap { from, fresh, .. } => {
-                // The buffer no longer holds (or skipped) `from..seq`.
+                // Lost in transit (asked again), or the buffer no longer
+                // holds `from..seq`.
+                if self.retry_replay(t, from) {
+                    return;
+                }
                 if let Some(run) = self.replay.as_mut() {
                     run.missing += batch.seq - from;
                 }
@@ -515,7 +537,7 @@ impl Listener {
                 self.apply(t, batch);
                 self.count_replayed(1);
             }
-            Verdict::Duplicate | Verdict::Restart => {
+            Verdict::Duplicate | Verdict::Restart | Verdict::Rejoin => {
                 t.bump(&t.counters.duplicates_dropped, 1);
             }
         }
@@ -531,12 +553,47 @@ impl Listener {
     }
 
     fn check_replay_deadline(&mut self, t: &ThreadCtx) {
-        if self.replay.as_ref().is_some_and(|run| Instant::now() >= run.deadline) {
+        let Some(run) = self.replay.as_ref() else {
+            return;
+        };
+        if Instant::now() >= run.deadline {
             let endpoint = self.spec.replay_endpoint.clone().unwrap_or_default();
             self.spec
                 .shared
                 .set_error(format!("replay from {endpoint} timed out after {} ms", t.cfg.replay_timeout_ms));
             self.finish_replay(t);
+        } else if run.progressed() && run.last_reply.elapsed() >= Duration::from_millis(REPLAY_IDLE_MS) {
+            // Replies flowed, then stopped short: the rest was dropped.
+            self.replay_ended(t);
+        }
+    }
+
+    /// The replies stopped (end marker, a reply past the range, silence):
+    /// if some of the range is still missing, ask again from there while
+    /// that can help; otherwise finish.
+    fn replay_ended(&mut self, t: &ThreadCtx) {
+        let next = self.seq.last().map_or(0, |last| last + 1);
+        if self.replay.as_ref().is_some_and(|run| next < run.to) && self.retry_replay(t, next) {
+            return;
+        }
+        self.finish_replay(t);
+    }
+
+    /// Asks the replay endpoint again from `from`, if the current request
+    /// made progress and retries are left; false when it did not.
+    fn retry_replay(&mut self, t: &ThreadCtx, from: u64) -> bool {
+        let (Some(endpoint), Some(run)) = (self.spec.replay_endpoint.as_deref(), self.replay.as_mut()) else {
+            return false;
+        };
+        if !run.progressed() || run.retries >= REPLAY_RETRIES_MAX {
+            return false;
+        }
+        match run.retry(&t.ctx, endpoint, from, t.cfg.replay_batches_max) {
+            Ok(()) => true,
+            Err(e) => {
+                self.log.warn(|| e);
+                false
+            }
         }
     }
 

@@ -31,7 +31,20 @@
 //! - `s > last + 1`: a *gap* `last+1..s`. With a replay endpoint the
 //!   listener asks for it (DEALER `[b"", from]`), holds the worker's live
 //!   batches meanwhile, applies the replies in order, then the held batches.
-//!   Without one, or for whatever the replay does not deliver, see resync.
+//!   Replies that skip seqs or stop short are asked for again from the
+//!   first missing one while each request makes progress (an engine's
+//!   ROUTER socket drops replies that overflow its pipe, so a long replay
+//!   arrives with holes). Without a replay endpoint, or for whatever the
+//!   replay cannot deliver, see resync.
+//!   But if the SUB socket reconnected since `last` was accepted, it is a
+//!   *rejoin*: a new process whose first batches went out before we
+//!   reconnected (ZMQ reconnects with a backoff) shows the same forward
+//!   jump as the old process after a lost connection, and its buffer would
+//!   answer a replay from `last+1` with its own batches. So the worker is
+//!   cleared (counted as a resync) and the batch starts a new stream,
+//!   replayed from 0. A reconnect whose first batch is `last + 1` is taken
+//!   as the same process (a new one that lost exactly that many cannot be
+//!   told apart).
 //!
 //! A new listener has no watermark unless an earlier registration of the
 //! same key left one (watermarks survive remove/add). Its first batch is

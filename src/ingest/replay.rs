@@ -1,7 +1,12 @@
 //! One replay request in flight: a DEALER socket asking a publisher's ROUTER
 //! for the batches from `from` on, and the bookkeeping to judge the answer.
 //! The listener thread polls this socket with its SUB sockets, so a slow or
-//! dead replay endpoint costs nothing but its own deadline.
+//! dead replay endpoint costs nothing but its own deadline. An engine sends
+//! its whole buffer at once from a ROUTER socket, which silently drops what
+//! overflows the pipe (1,000 messages by default): a long replay comes back
+//! with holes, or stops short, though the engine still holds the batches.
+//! The listener then asks again from the first missing seq (`retry`), as
+//! long as each request makes progress.
 
 use std::time::{Duration, Instant};
 
@@ -12,40 +17,79 @@ pub(crate) struct ReplayRun {
     pub from: u64,
     pub to: u64,
     pub deadline: Instant,
-    /// Replies received (bounded by `replay_batches_max`).
+    /// Replies received (bounded by `replay_batches_max`), every request together.
     pub replies: usize,
     /// Batches of `from..to` delivered and applied.
     pub applied: u64,
     /// Seqs of `from..to` found missing so far.
     pub missing: u64,
+    /// Requests sent again (bounded by `REPLAY_RETRIES_MAX`).
+    pub retries: u32,
+    /// `applied` when the current request was sent.
+    applied_at_request: u64,
+    /// When the last reply arrived (or the current request was sent).
+    pub last_reply: Instant,
 }
 
 impl ReplayRun {
-    /// Connects to `endpoint` and asks for every buffered batch from `from` on.
+    /// Connects to `endpoint` and asks for every buffered batch from `from`
+    /// on; up to `batches_max` replies (and the end marker) can wait unread.
     pub(crate) fn start(
         ctx: &zmq::Context,
         endpoint: &str,
         from: u64,
         to: u64,
         timeout_ms: u64,
+        batches_max: usize,
     ) -> Result<ReplayRun, String> {
-        let err = |what: &str, e: zmq::Error| format!("replay {what} {endpoint}: {e}");
-        let socket = ctx.socket(zmq::DEALER).map_err(|e| err("socket for", e))?;
-        socket.set_linger(0).map_err(|e| err("linger on", e))?;
-        socket.connect(endpoint).map_err(|e| err("connect to", e))?;
-        // The pipe exists from connect on, so this queues even before the
-        // TCP connection is up; only a full pipe would refuse it.
-        socket
-            .send_multipart(crate::wire::replay_request_frames(from), zmq::DONTWAIT)
-            .map_err(|e| err("request to", e))?;
         Ok(ReplayRun {
-            socket,
+            socket: request(ctx, endpoint, from, batches_max)?,
             from,
             to,
             deadline: Instant::now() + Duration::from_millis(timeout_ms),
             replies: 0,
             applied: 0,
             missing: 0,
+            retries: 0,
+            applied_at_request: 0,
+            last_reply: Instant::now(),
         })
     }
+
+    /// Whether the current request delivered any batch yet.
+    pub(crate) fn progressed(&self) -> bool {
+        self.applied > self.applied_at_request
+    }
+
+    /// Asks again from `from` on a new socket: replies still in flight for
+    /// the old request go with the old socket. Range, deadline and counts stay.
+    pub(crate) fn retry(
+        &mut self,
+        ctx: &zmq::Context,
+        endpoint: &str,
+        from: u64,
+        batches_max: usize,
+    ) -> Result<(), String> {
+        self.socket = request(ctx, endpoint, from, batches_max)?;
+        self.retries += 1;
+        self.applied_at_request = self.applied;
+        self.last_reply = Instant::now();
+        Ok(())
+    }
+}
+
+/// A DEALER socket connected to `endpoint` with the request for `from..` sent.
+fn request(ctx: &zmq::Context, endpoint: &str, from: u64, batches_max: usize) -> Result<zmq::Socket, String> {
+    let err = |what: &str, e: zmq::Error| format!("replay {what} {endpoint}: {e}");
+    let socket = ctx.socket(zmq::DEALER).map_err(|e| err("socket for", e))?;
+    socket.set_linger(0).map_err(|e| err("linger on", e))?;
+    // Room for every reply we would take, so our side never adds to the
+    // drops of the engine's ROUTER however slowly we apply.
+    let hwm = i32::try_from(batches_max.saturating_add(1)).unwrap_or(i32::MAX);
+    socket.set_rcvhwm(hwm).map_err(|e| err("high-water mark on", e))?;
+    socket.connect(endpoint).map_err(|e| err("connect to", e))?;
+    // The pipe exists from connect on, so this queues even before the
+    // TCP connection is up; only a full pipe would refuse it.
+    socket.send_multipart(crate::wire::replay_request_frames(from), zmq::DONTWAIT).map_err(|e| err("request to", e))?;
+    Ok(socket)
 }

@@ -20,6 +20,12 @@ pub(crate) enum Verdict {
     /// was accepted yet on this stream (the listener joined mid-stream), so
     /// the worker holds nothing the missing batches could have changed.
     Gap { from: u64, to: u64, fresh: bool },
+    /// Batches are missing before this one and the connection dropped and
+    /// came back since the last accepted batch: a new process whose first
+    /// batches were lost before we reconnected looks just like the old one
+    /// after a lost connection. Clear the workers, `reset`, then judge the
+    /// batch again (it then starts a new stream, replayed from 0).
+    Rejoin,
 }
 
 /// Seq watermark of one listener key.
@@ -30,6 +36,10 @@ pub(crate) struct Sequencer {
     /// never resends delivered messages on a new connection, so a seq at or
     /// below the watermark that arrives on one comes from a new process.
     reconnected: bool,
+    /// The live connection dropped and came back since the last accepted
+    /// batch (unlike `reconnected`, not set by a kept watermark: a worker
+    /// re-registered after unregister holds nothing the old stream wrote).
+    rejoined: bool,
     /// A drop of at least this many below the watermark is a restart even
     /// without a reconnect, in case the reconnect went unnoticed.
     restart_seq_drop_min: u64,
@@ -43,6 +53,7 @@ impl Sequencer {
             // A new listener is a new connection: anything at or below a
             // watermark kept from an earlier registration is a new process.
             reconnected: last.is_some(),
+            rejoined: false,
             restart_seq_drop_min: restart_seq_drop_min.max(1),
         }
     }
@@ -66,6 +77,8 @@ impl Sequencer {
         }
         if seq == last + 1 {
             Verdict::Apply
+        } else if self.rejoined {
+            Verdict::Rejoin
         } else {
             Verdict::Gap { from: last + 1, to: seq, fresh: false }
         }
@@ -77,6 +90,7 @@ impl Sequencer {
     pub(crate) fn judge_replayed(&self, seq: u64) -> Verdict {
         match self.last {
             Some(last) if seq <= last => Verdict::Duplicate,
+            Some(last) if seq > last + 1 => Verdict::Gap { from: last + 1, to: seq, fresh: false },
             _ => self.judge_live(seq),
         }
     }
@@ -86,18 +100,21 @@ impl Sequencer {
         debug_assert!(self.last.is_none_or(|last| seq > last), "watermark must only move forward");
         self.last = Some(seq);
         self.reconnected = false;
+        self.rejoined = false;
     }
 
     /// Forgets the watermark: the next batch starts a new stream.
     pub(crate) fn reset(&mut self) {
         self.last = None;
         self.reconnected = false;
+        self.rejoined = false;
     }
 
     /// Notes that the socket (re)connected to the publisher.
     pub(crate) fn note_connected(&mut self) {
         if self.last.is_some() {
             self.reconnected = true;
+            self.rejoined = true;
         }
     }
 }
@@ -172,6 +189,22 @@ mod tests {
         let s = Sequencer::new(Some(50), WINDOW);
         assert_eq!(s.judge_live(49), Verdict::Restart);
         assert_eq!(s.judge_live(51), Verdict::Apply);
+        // Nothing the old stream wrote is held any more: a gap is replayed.
+        assert_eq!(s.judge_live(53), Verdict::Gap { from: 51, to: 53, fresh: false });
+    }
+
+    #[test]
+    fn a_gap_across_a_reconnect_is_a_rejoin() {
+        let mut s = at(10);
+        s.note_connected();
+        assert_eq!(s.judge_live(14), Verdict::Rejoin);
+        // The next batch in order may well be the old process after a blip.
+        assert_eq!(s.judge_live(11), Verdict::Apply);
+        s.accept(11);
+        assert_eq!(s.judge_live(14), Verdict::Gap { from: 12, to: 14, fresh: false });
+        // Replies come from one process's buffer: a hole in them is a gap.
+        s.note_connected();
+        assert_eq!(s.judge_replayed(14), Verdict::Gap { from: 12, to: 14, fresh: false });
     }
 
     #[test]

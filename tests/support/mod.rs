@@ -1,14 +1,19 @@
 //! Shared helpers for integration tests: a real ZMQ test publisher with a
-//! replay buffer, an exact model sink, a small deterministic PRNG, and a
-//! bounded wait. Each test binary uses a different subset.
+//! replay buffer, a fault-injecting proxy and checks against ground truth,
+//! an exact model sink, a small deterministic PRNG, and a bounded wait.
+//! Each test binary uses a different subset.
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod fake_peer;
+pub mod fault_engine;
+pub mod fault_proxy;
 pub mod harness;
 pub mod index_sink;
 pub mod model_sink;
 pub mod publisher;
 pub mod rng;
+pub mod truth_check;
 
 use std::time::{Duration, Instant};
 

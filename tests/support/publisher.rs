@@ -503,7 +503,15 @@ impl TestPublisher {
     /// block's parent and local hash, for queries and visibility.
     fn write_tokens(&mut self, buf: &mut Vec<u8>, parent: Option<u64>, hashes: &[u64]) {
         let block_size = self.cfg.block_size as usize;
-        let tokens: Vec<u32> = (0..hashes.len() * block_size).map(|_| self.rng.below(50_000) as u32).collect();
+        // A block announced again (an engine re-storing what it holds) keeps its tokens.
+        let known: Option<Vec<Vec<u32>>> = hashes
+            .iter()
+            .map(|h| self.blocks.get(h).filter(|b| b.parent == parent).map(|b| b.tokens.clone()))
+            .collect();
+        let tokens: Vec<u32> = match known {
+            Some(known) if !hashes.is_empty() => known.concat(),
+            _ => (0..hashes.len() * block_size).map(|_| self.rng.below(50_000) as u32).collect(),
+        };
         rmp::encode::write_array_len(buf, tokens.len() as u32).unwrap();
         for &t in &tokens {
             rmp::encode::write_uint(buf, u64::from(t)).unwrap();
@@ -554,6 +562,47 @@ impl TestPublisher {
         }
         blocks.reverse();
         blocks.concat()
+    }
+
+    /// Engine hashes of the chain from its root down to `leaf`.
+    pub fn chain_hashes(&self, leaf: u64) -> Vec<u64> {
+        let mut chain = Vec::new();
+        let mut cursor = Some(leaf);
+        while let Some(h) = cursor {
+            chain.push(h);
+            cursor = self.blocks.get(&h).expect("unknown block").parent;
+            assert!(chain.len() <= self.blocks.len(), "cycle in chain");
+        }
+        chain.reverse();
+        chain
+    }
+
+    /// Announces every visible block again, parents first, with the tokens
+    /// first sent (as an engine re-storing what it holds), `per_batch`
+    /// blocks a batch; returns the number of batches published.
+    pub fn republish_visible(&mut self, per_batch: usize) -> usize {
+        let visible = self.visible_truth();
+        let mut blocks: Vec<(usize, usize, u64)> = Vec::new();
+        for (tier, set) in visible.iter().enumerate() {
+            for &h in set {
+                blocks.push((self.chain_hashes(h).len(), tier, h));
+            }
+        }
+        blocks.sort_unstable();
+        let events: Vec<TestEvent> = blocks
+            .iter()
+            .map(|&(_, tier, h)| TestEvent::Stored {
+                tier: StorageTier::ALL[tier],
+                parent: self.blocks[&h].parent,
+                hashes: vec![h],
+            })
+            .collect();
+        let mut batches = 0;
+        for chunk in events.chunks(per_batch.max(1)) {
+            self.publish(chunk.to_vec());
+            batches += 1;
+        }
+        batches
     }
 
     /// Local hashes of the chain from its root down to `leaf`.

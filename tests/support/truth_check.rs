@@ -1,0 +1,225 @@
+//! Compares what a running daemon says with what its engines really hold,
+//! through the API only:
+//!
+//! - `/dump`: the set of (instance, rank, tier, engine hash, local hash) it
+//!   lists must equal the engines' `visible_truth()`. The dump leaves out
+//!   blocks whose prefix the worker does not hold (ARCHITECTURE, "Limits of
+//!   the dump"); `visible_truth` leaves out the same ones.
+//! - `/query_by_hash` along the chain of every block an engine holds
+//!   (visible or not): the owner's gpu, cpu and disk depths must be exactly
+//!   those its held blocks give, walking the tiers in query order, and every
+//!   other instance must answer zeros.
+//!
+//! Also reads counters from `/metrics` and prints the figures of a run.
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Value};
+
+use super::daemon::Daemon;
+use super::fault_engine::{Engine, BLOCK_SIZE, MODEL};
+use super::model_sink::Tiers;
+use super::wait_until;
+use kv_indexer::StorageTier;
+
+/// (instance, dp rank, tier, engine hash, local hash) of one listed block.
+pub type Fact = (u64, u32, usize, u64, u64);
+
+/// Chains queried per engine at most (spread over its held blocks).
+const CHAINS_PER_ENGINE_MAX: usize = 400;
+
+/// Every block `/dump` lists for the test model.
+pub fn dump_facts(d: &Daemon) -> BTreeSet<Fact> {
+    let (status, dump) = d.get_json("/dump");
+    assert_eq!(status, 200, "{dump}");
+    let mut out = BTreeSet::new();
+    for (key, entry) in dump.as_object().unwrap() {
+        assert_eq!(key, &format!("{MODEL}:default"), "an index nobody registered");
+        for ev in entry["events"].as_array().unwrap() {
+            let instance = ev["worker_id"].as_u64().unwrap();
+            let rank = ev["event"]["dp_rank"].as_u64().unwrap_or(0) as u32;
+            let tier = StorageTier::parse(ev["storage_tier"].as_str().unwrap()).unwrap().index();
+            let blocks = ev["event"]["data"]["stored"]["blocks"].as_array().expect("a dump holds stores only");
+            for b in blocks {
+                out.insert((
+                    instance,
+                    rank,
+                    tier,
+                    b["block_hash"].as_u64().unwrap(),
+                    b["tokens_hash"].as_u64().unwrap(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// What the dump must list for these engines.
+pub fn truth_facts(engines: &[Engine]) -> BTreeSet<Fact> {
+    let mut out = BTreeSet::new();
+    for e in engines {
+        for (tier, set) in e.publisher.visible_truth().iter().enumerate() {
+            for &h in set {
+                let local = *e.publisher.chain_locals(h).last().unwrap();
+                out.insert((e.instance, 0, tier, h, local));
+            }
+        }
+    }
+    out
+}
+
+fn describe(got: &BTreeSet<Fact>, want: &BTreeSet<Fact>) -> String {
+    let stale: Vec<&Fact> = got.difference(want).collect();
+    let missing: Vec<&Fact> = want.difference(got).collect();
+    format!(
+        "dump {} blocks, truth {}: {} stale (first {:?}), {} missing (first {:?})",
+        got.len(),
+        want.len(),
+        stale.len(),
+        stale.iter().take(3).collect::<Vec<_>>(),
+        missing.len(),
+        missing.iter().take(3).collect::<Vec<_>>()
+    )
+}
+
+/// What an exact check found.
+#[derive(Copy, Clone, Debug, Default)]
+pub struct Checked {
+    pub blocks: usize,
+    pub differing: usize,
+    pub chains: usize,
+    pub wrong_depths: usize,
+}
+
+/// `d`'s dump restricted to these engines' workers.
+pub fn dump_facts_of(d: &Daemon, engines: &[Engine]) -> BTreeSet<Fact> {
+    dump_facts(d).into_iter().filter(|f| engines.iter().any(|e| e.instance == f.0)).collect()
+}
+
+/// Waits (bounded) until `d`'s dump of these engines' workers equals their
+/// truth, then checks every chain's depths; panics with the difference if
+/// either fails.
+pub fn assert_exact(d: &Daemon, engines: &[Engine]) -> Checked {
+    let want = truth_facts(engines);
+    let mut got = BTreeSet::new();
+    let same = wait_until(|| {
+        got = dump_facts_of(d, engines);
+        got == want
+    });
+    assert!(same, "{} drifted from its engines: {}", d.base, describe(&got, &want));
+    let (chains, wrong) = check_chains(d, engines);
+    assert_eq!(wrong, 0, "{wrong} of {chains} chains answered wrong depths");
+    Checked { blocks: got.len(), differing: 0, chains, wrong_depths: 0 }
+}
+
+/// Asserts `d` lists no block of these engines' workers that they do not hold (it may miss some);
+/// returns (listed, missing).
+pub fn assert_no_stale(d: &Daemon, engines: &[Engine]) -> (usize, usize) {
+    let want = truth_facts(engines);
+    let got = dump_facts_of(d, engines);
+    assert!(got.is_subset(&want), "{} holds stale blocks: {}", d.base, describe(&got, &want));
+    (got.len(), want.len() - got.len())
+}
+
+/// Blocks (in query order) `truth` lets a query follow along `chain`:
+/// device, then host pinned, then disk and external, each from where the
+/// tier before stopped. Returns (gpu, cpu, disk) in blocks.
+fn expected_depths(truth: &Tiers, chain: &[u64]) -> (usize, usize, usize) {
+    let mut pos = 0;
+    let mut run = |tier: StorageTier| {
+        while pos < chain.len() && truth[tier.index()].contains(&chain[pos]) {
+            pos += 1;
+        }
+        pos
+    };
+    let gpu = run(StorageTier::Device);
+    let cpu = run(StorageTier::HostPinned);
+    run(StorageTier::Disk);
+    let disk = run(StorageTier::External);
+    (gpu, cpu, disk)
+}
+
+/// Queries the chain of held blocks of every engine; returns (queried, wrong).
+pub fn check_chains(d: &Daemon, engines: &[Engine]) -> (usize, usize) {
+    let (mut queried, mut wrong) = (0, 0);
+    let tokens = |blocks: usize| blocks as u64 * u64::from(BLOCK_SIZE);
+    for e in engines {
+        let truth = e.publisher.truth();
+        let held: Vec<u64> = truth.iter().flatten().copied().collect::<BTreeSet<u64>>().into_iter().collect();
+        let step = held.len().div_ceil(CHAINS_PER_ENGINE_MAX).max(1);
+        for &leaf in held.iter().step_by(step) {
+            let chain = e.publisher.chain_hashes(leaf);
+            let locals = e.publisher.chain_locals(leaf);
+            let (gpu, cpu, disk) = expected_depths(truth, &chain);
+            let depths = |gpu, cpu, disk| {
+                json!({"longest_matched": tokens(disk), "gpu": tokens(gpu), "dp": {"0": tokens(gpu)},
+                       "cpu": tokens(cpu), "disk": tokens(disk)})
+            };
+            let want = depths(gpu, cpu, disk);
+            let (status, v) = d.post_json("/query_by_hash", json!({"block_hashes": locals, "model_name": MODEL}));
+            queried += 1;
+            // Registered workers that match nothing are listed with zeros.
+            let others_zero = v["instances"]
+                .as_object()
+                .is_some_and(|m| m.iter().all(|(k, w)| *k == e.instance.to_string() || *w == depths(0, 0, 0)));
+            if status != 200 || v["instances"][e.instance.to_string()] != want || !others_zero {
+                if wrong == 0 {
+                    eprintln!("chain of {leaf} on engine {}: want {want}, got {v}", e.instance);
+                }
+                wrong += 1;
+            }
+        }
+    }
+    (queried, wrong)
+}
+
+/// An unlabelled counter or gauge from `/metrics`.
+pub fn metric(d: &Daemon, name: &str) -> u64 {
+    let (status, text) = d.get("/metrics");
+    assert_eq!(status, 200);
+    let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
+    let value = line.unwrap_or_else(|| panic!("no metric {name}")).split_whitespace().nth(1).unwrap();
+    value.parse::<f64>().unwrap() as u64
+}
+
+/// The daemon counters the fault tests quote.
+pub fn counters(d: &Daemon) -> Value {
+    let names = [
+        "gaps_detected",
+        "replays_ok",
+        "replays_partial",
+        "replays_failed",
+        "batches_replayed",
+        "batches_lost",
+        "batches_missed_at_join",
+        "duplicates_dropped",
+        "restarts",
+        "resyncs",
+    ];
+    let mut out = json!({});
+    for n in names {
+        out[n] = metric(d, &format!("kv_indexer_{n}_total")).into();
+    }
+    out
+}
+
+/// Prints a test's figures: faults injected, the final check, the daemon's counters.
+pub fn report(test: &str, engines: &[Engine], checked: &Checked, daemon: &Daemon) {
+    let sent: u64 = engines.iter().map(|e| e.sent).sum();
+    let restarts: u64 = engines.iter().map(|e| e.restarts).sum();
+    let mut s = super::fault_proxy::FaultStats::default();
+    engines.iter().for_each(|e| s += e.stats());
+    eprintln!(
+        "{test}: {} engines, batches sent {sent}, dropped {}, duplicated {}, reordered {}, restarts injected {restarts}; \
+         final check: {} blocks in /dump, {} differing, {} chains queried, {} wrong; daemon {}",
+        engines.len(),
+        s.dropped,
+        s.duplicated,
+        s.reordered,
+        checked.blocks,
+        checked.differing,
+        checked.chains,
+        checked.wrong_depths,
+        counters(daemon)
+    );
+}

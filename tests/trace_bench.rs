@@ -1,0 +1,188 @@
+//! Behaviour of the trace-replay benchmark's mock engine, workload generator
+//! and trace reader (the parts whose mistakes would silently skew figures).
+
+#[path = "../benches/trace/mod.rs"]
+mod trace;
+
+use trace::engine::MockEngine;
+use trace::mooncake::{duplicate, load, TraceRequest};
+use trace::workload::{generate, Assign, OpKind, WorkloadConfig};
+
+fn seqs(n: u64, base: u64) -> (Vec<u64>, Vec<u64>) {
+    let locals: Vec<u64> = (0..n).map(|i| base + i).collect();
+    let mut s = Vec::new();
+    kv_indexer::hash::sequence_hashes_into(&locals, &mut s);
+    (locals, s)
+}
+
+#[test]
+fn engine_evicts_least_recently_released_tail_first() {
+    let mut e = MockEngine::new(4, 7);
+    let (la, sa) = seqs(2, 100);
+    let (lb, sb) = seqs(2, 200);
+    let a = e.admit(None, &la, &sa);
+    assert_eq!(a.stored.len(), 1);
+    assert_eq!(a.stored[0].parent, None);
+    e.release(&sa);
+    e.admit(None, &lb, &sb);
+    e.release(&sb);
+    // A third sequence of 2 blocks needs two evictions: A's, tail first.
+    let (lc, sc) = seqs(2, 300);
+    let c = e.admit(None, &lc, &sc);
+    let evicted: Vec<u64> = c.removed.iter().map(|r| r.seq_hash).collect();
+    assert_eq!(evicted, vec![sa[1], sa[0]]);
+    assert!(e.contains(sb[0]) && e.contains(sb[1]));
+}
+
+#[test]
+fn engine_never_evicts_referenced_blocks_and_counts_shortfall() {
+    let mut e = MockEngine::new(3, 7);
+    let (la, sa) = seqs(2, 100);
+    e.admit(None, &la, &sa); // held, not released
+    let (lb, sb) = seqs(3, 200);
+    let b = e.admit(None, &lb, &sb);
+    assert!(b.removed.is_empty());
+    assert_eq!(b.held_blocks, 1);
+    assert_eq!(b.shortfall_blocks, 2);
+    assert!(e.contains(sa[0]) && e.contains(sa[1]));
+}
+
+#[test]
+fn engine_hits_prefix_and_chains_new_blocks_to_it() {
+    let mut e = MockEngine::new(16, 7);
+    let (la, sa) = seqs(3, 100);
+    e.admit(None, &la, &sa);
+    let mut lb = la[..2].to_vec();
+    lb.push(999);
+    let mut sb = Vec::new();
+    kv_indexer::hash::sequence_hashes_into(&lb, &mut sb);
+    let b = e.admit(None, &lb, &sb);
+    assert_eq!(b.hit_blocks, 2);
+    assert_eq!(b.stored.len(), 1);
+    let parent = b.stored[0].parent.expect("continues the shared prefix");
+    assert_eq!(parent, (e.engine_hash(sa[1]).unwrap(), sa[1]));
+}
+
+#[test]
+fn engine_hashes_are_opaque_and_per_engine() {
+    let (l, s) = seqs(2, 100);
+    let mut e1 = MockEngine::new(8, 1);
+    let mut e2 = MockEngine::new(8, 2);
+    e1.admit(None, &l, &s);
+    e2.admit(None, &l, &s);
+    let (h1, h2) = (e1.engine_hash(s[1]).unwrap(), e2.engine_hash(s[1]).unwrap());
+    assert_ne!(h1, h2);
+    assert_ne!(h1, s[1], "engine hashes must not follow the index's chain");
+}
+
+fn request(t: u64, ids: &[u64], input: u32, output: u32) -> TraceRequest {
+    TraceRequest { timestamp_ms: t, input_tokens: input, output_tokens: output, hash_ids: ids.to_vec() }
+}
+
+/// Replays the generated events in order into the index and checks every
+/// sampled query against the engines' final caches.
+#[test]
+fn generated_events_rebuild_the_engines_caches() {
+    let mut reqs = Vec::new();
+    for i in 0..60u64 {
+        let ids = [0, 1 + i % 5, 100 + i];
+        reqs.push(request(i * 10, &ids, 1400, 40));
+    }
+    let cfg = WorkloadConfig {
+        block_size: 16,
+        workers: 3,
+        gpu_blocks: 200,
+        assign: Assign::RoundRobin,
+        decode_us_per_token: 1000,
+        seed: 5,
+        verify_samples: 60,
+    };
+    let wl = generate(&reqs, &cfg).unwrap();
+    assert!(wl.stats.removed_blocks > 0, "the small cache must evict");
+    assert!(wl.stats.output_blocks > 0);
+    assert!(wl.stats.engine_hit_blocks > 0);
+    assert_eq!(wl.stats.requests, 60);
+    assert_eq!(wl.stats.query_blocks, 60 * (1400 / 16));
+    assert!(wl.ops.windows(2).all(|p| p[0].t_us <= p[1].t_us));
+
+    use trace::backend::Backend;
+    let ours = trace::ours::Ours::new(&wl, 2);
+    for (i, op) in wl.ops.iter().enumerate() {
+        if op.is_event() {
+            ours.submit(op.worker, ours.build_event(op, &wl, i as u64));
+        }
+    }
+    ours.drain();
+    assert_eq!(ours.event_problems(), 0);
+    assert_eq!(ours.memory().unwrap().pairs, wl.stats.live_pairs_end);
+    let mut with_hits = 0;
+    for s in &wl.samples {
+        let mut got = Vec::new();
+        ours.find_matches(&wl.query_locals[s.start..s.start + s.len as usize], &mut got);
+        got.sort_unstable();
+        assert_eq!(got, s.expected);
+        with_hits += usize::from(!s.expected.is_empty());
+    }
+    assert!(with_hits > 0);
+}
+
+#[test]
+fn every_request_queries_before_its_stores() {
+    let reqs = vec![request(0, &[1, 2], 1024, 0), request(5, &[1, 3], 1024, 0)];
+    let cfg = WorkloadConfig {
+        block_size: 64,
+        workers: 1,
+        gpu_blocks: 1000,
+        assign: Assign::RoundRobin,
+        decode_us_per_token: 0,
+        seed: 1,
+        verify_samples: 0,
+    };
+    let wl = generate(&reqs, &cfg).unwrap();
+    let kinds: Vec<&str> = wl
+        .ops
+        .iter()
+        .map(|o| match o.kind {
+            OpKind::Query => "q",
+            OpKind::Stored { parent: None } => "s0",
+            OpKind::Stored { parent: Some(_) } => "s",
+            OpKind::Removed => "r",
+        })
+        .collect();
+    // The second request shares 8 blocks (id 1) and stores 8 new ones after them.
+    assert_eq!(kinds, vec!["q", "s0", "q", "s"]);
+    assert_eq!(wl.ops[3].len, 8);
+    assert_eq!(wl.stats.engine_hit_blocks, 8);
+}
+
+#[test]
+fn trace_reader_checks_lines_and_duplicates_hash_spaces() {
+    let dir = std::env::temp_dir().join(format!("trace_bench_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.jsonl");
+    std::fs::write(
+        &good,
+        "{\"timestamp\": 0, \"input_length\": 9999, \"output_length\": 3, \"hash_ids\": [4, 5]}\n\
+         {\"timestamp\": 2, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [4]}\n",
+    )
+    .unwrap();
+    let reqs = load(good.to_str().unwrap()).unwrap();
+    assert_eq!(reqs[0].input_tokens, 1024, "clamped to the ids' tokens");
+    let dup = duplicate(&reqs, 2).unwrap();
+    assert_eq!(dup.len(), 4);
+    assert_eq!(dup[1].hash_ids, vec![10, 11]);
+    assert_eq!(dup[1].timestamp_ms, 0);
+
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 4, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n",
+    )
+    .unwrap();
+    let err = load(bad.to_str().unwrap()).unwrap_err();
+    assert!(err.contains(":2:"), "{err}");
+    std::fs::write(&bad, "{\"timestamp\": 5}\n").unwrap();
+    assert!(load(bad.to_str().unwrap()).unwrap_err().contains(":1:"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
