@@ -51,8 +51,9 @@ impl Slot {
     }
 
     #[inline]
-    pub(crate) fn clear(&self, mask: u64) {
-        self.bits.fetch_and(!mask, Ordering::Release);
+    /// Clears `mask`; returns the bits as they were.
+    pub(crate) fn clear(&self, mask: u64) -> u64 {
+        self.bits.fetch_and(!mask, Ordering::AcqRel)
     }
 
     pub(crate) fn id(&self) -> u32 {

@@ -158,8 +158,18 @@ impl Writer {
         if on {
             slot.set(bit)
         } else {
-            slot.clear(bit)
+            slot.clear(bit);
         }
+    }
+
+    /// Withdraws the worker's visible bit from `id` in one probe; returns
+    /// whether it was set.
+    fn take_visible(&self, shared: &Shared, id: u32, bit: u64) -> bool {
+        let e = self.slab.get(id);
+        let guard = epoch::pin();
+        let level = shared.levels[e.tier as usize].get(e.level as usize).expect("entry's level exists");
+        let slot = level.slot(e.chain, e.group as u32, &guard).expect("entry has a slot");
+        slot.clear(bit) & bit != 0
     }
 
     /// Finds the entry of a stored block's parent for this worker: the same
@@ -276,8 +286,7 @@ impl Writer {
             let mut c = self.slab.get(p).first_child;
             while c != NIL {
                 let e = *self.slab.get(c);
-                if e.tier as usize == DEVICE && e.held & bit != 0 && self.visible(shared, c, bit) {
-                    self.set_visible(shared, c, bit, false);
+                if e.tier as usize == DEVICE && e.held & bit != 0 && self.take_visible(shared, c, bit) {
                     self.state(slot).detached += 1;
                     stack.push(c);
                 }
@@ -477,8 +486,7 @@ impl Writer {
         shared.budget.release_pairs(1);
         shared.tier_pairs[tier].fetch_sub(1, Ordering::Relaxed);
         if tier == DEVICE {
-            if self.visible(shared, id, bit) {
-                self.set_visible(shared, id, bit, false);
+            if self.take_visible(shared, id, bit) {
                 self.detach_descendants(shared, slot, id, bit);
             } else {
                 self.state(slot).detached -= 1;
