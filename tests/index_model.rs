@@ -205,13 +205,16 @@ fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
         }
         if step % 500 == 0 {
             assert_eq!(ix.stats().pairs, model.pairs(), "seed {seed} step {step}: pairs");
-            assert_eq!(ix.stats().entries, ix.table_keys(), "every entry has exactly one slot");
+            assert_eq!(ix.stats().entries, ix.check_consistency(), "the layout is consistent");
         }
         if step % 2000 == 1999 {
             let copy = Index::new(IndexConfig { jump: 3, ..IndexConfig::new(4) });
             for e in ix.dump_events() {
-                assert_eq!(copy.apply(&e).unknown_parent, 0, "dump applies cleanly");
+                let o = copy.apply(&e);
+                assert_eq!((o.unknown_parent, o.unknown_removed), (0, 0), "dump applies cleanly");
             }
+            assert_eq!(copy.stats().pairs, ix.stats().pairs, "seed {seed} step {step}: the dump carries every pair");
+            copy.check_consistency();
             for _ in 0..50 {
                 let q = random_query(&mut rng);
                 let (a, b) = (sorted(copy.find_matches(&q).workers), sorted(ix.find_matches(&q).workers));

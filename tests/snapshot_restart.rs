@@ -54,9 +54,9 @@ fn same(held: &snapshot_support::Tiers, truth: &TruthTiers) -> bool {
     held.iter().zip(truth.iter()).all(|(a, b)| a == b)
 }
 
-/// Waits until the daemon's view of `instance:rank` is the engine's visible truth.
+/// Waits until the daemon's view of `instance:rank` is the engine's truth.
 fn converges(d: &Daemon, key: &str, instance: u64, rank: u32, p: &TestPublisher) -> bool {
-    wait_until(|| same(&held(&dump(d), key, instance, rank), &p.visible_truth()))
+    wait_until(|| same(&held(&dump(d), key, instance, rank), p.truth()))
 }
 
 fn stop(d: &mut Daemon) {

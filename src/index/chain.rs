@@ -7,17 +7,53 @@
 //! speed, not compatibility. Every step is a bijection of the local hash
 //! for a fixed parent, so two different chunks under the same parent can
 //! never share a chain; chains of different parents collide with
-//! probability 2^-64.
+//! probability 2^-64. Every step can also be undone (`local_of`), so the
+//! index stores chains alone and recovers local hashes for dumps.
 
 /// The chain hash of a block with local hash `local` under a parent with chain `parent`.
 #[inline]
 pub(crate) fn next(parent: u64, local: u64) -> u64 {
-    let mut h = (parent.rotate_left(25) ^ local).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut h = (parent.rotate_left(25) ^ local).wrapping_mul(K1);
     h ^= h >> 32;
-    h = h.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ parent.wrapping_mul(0xA076_1D64_78BD_642F);
+    h = h.wrapping_mul(K2) ^ parent.wrapping_mul(K3);
     h ^= h >> 29;
-    h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h = h.wrapping_mul(K4);
     h ^ (h >> 32)
+}
+
+const K1: u64 = 0x9E37_79B9_7F4A_7C15;
+const K2: u64 = 0xD6E8_FEB8_6659_FD93;
+const K3: u64 = 0xA076_1D64_78BD_642F;
+const K4: u64 = 0xBF58_476D_1CE4_E5B9;
+
+/// The multiplicative inverse of an odd `k` modulo 2^64 (Newton's iteration).
+const fn inverse(k: u64) -> u64 {
+    let mut x = k;
+    let mut i = 0;
+    while i < 6 {
+        x = x.wrapping_mul(2u64.wrapping_sub(k.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+}
+
+const K1_INV: u64 = inverse(K1);
+const K2_INV: u64 = inverse(K2);
+const K4_INV: u64 = inverse(K4);
+
+/// The local hash of a block, from its chain and its parent's chain: `next`
+/// undone. The index keeps chains only; dumps need local hashes back.
+pub(crate) fn local_of(parent: Option<u64>, chain: u64) -> u64 {
+    let Some(parent) = parent else { return chain };
+    let h4 = chain ^ (chain >> 32);
+    let h3 = h4.wrapping_mul(K4_INV);
+    let mut h2 = h3;
+    for _ in 0..3 {
+        h2 = h3 ^ (h2 >> 29);
+    }
+    let h1 = (h2 ^ parent.wrapping_mul(K3)).wrapping_mul(K2_INV);
+    let h0 = h1 ^ (h1 >> 32);
+    h0.wrapping_mul(K1_INV) ^ parent.rotate_left(25)
 }
 
 /// The chain hashes of a query, computed only as far as the search looks.
@@ -62,6 +98,17 @@ mod tests {
         for local in 0..100_000u64 {
             assert!(seen.insert(next(42, local)));
         }
+    }
+
+    #[test]
+    fn local_hashes_come_back_from_chains() {
+        let mut x = 0x1234_5678_9ABC_DEF0u64;
+        for _ in 0..100_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let (parent, local) = (x.rotate_left(17) ^ 0x55, x);
+            assert_eq!(local_of(Some(parent), next(parent, local)), local);
+        }
+        assert_eq!(local_of(None, 42), 42);
     }
 
     #[test]

@@ -1,36 +1,43 @@
 //! The positional index: which workers hold which prefix of a request.
 //!
-//! No I/O and no threads of its own. Blocks are indexed by position (their
-//! depth in the prefix) in per-position tables keyed by the index's own
-//! chain hash, derived at store time from the parent's chain, so two
-//! prefixes that share a chunk at the same position never mix, whatever the
-//! engine hashes are. Worker sets are inline 64-bit sets over dense worker
-//! slots; past 64 workers an index keeps one entry per (block, group of 64).
+//! No I/O and no threads of its own. Blocks are identified by position
+//! (their depth in the prefix) and the index's own chain hash, derived at
+//! store time from the parent's chain, so two prefixes that share a chunk at
+//! the same position never mix, whatever the engine hashes are. Consecutive
+//! blocks stored together form a run (`runs`): their chains are kept once
+//! for every holder (`blocks`), and who holds them is a few segments with
+//! inline 64-bit worker sets per group of 64 worker slots (`members`). The
+//! only per-(block, worker) structure is the worker's engine hash -> block
+//! map (`records`), which Removed events need.
 //!
 //! Concurrency: any number of readers run `find_matches` at once with no
-//! index-wide lock; writes are serialized per index by a writer lock and
-//! must arrive in per-worker order (one owner per worker). See `writer` for
-//! the state kept and `query` for the search.
+//! lock; writes are serialized per index by a writer lock and must arrive in
+//! per-worker order (one owner per worker). See `tree` for the shape,
+//! `writer` for applying events and `query` for the search.
 
+mod blocks;
 mod budget;
 mod chain;
 mod dump;
-mod level;
+mod members;
+mod pages;
 mod query;
 mod records;
-mod slab;
+mod runs;
 mod slots;
+mod starts;
+mod tree;
 mod writer;
 
 pub use budget::Budget;
 
 use crate::event::{Event, EventKind, WorkerId};
-use level::Levels;
 use parking_lot::Mutex;
 use slots::PublishedSlots;
 use std::cell::RefCell;
 use std::sync::Arc;
-use writer::{Shared, Writer};
+use tree::Shared;
+use writer::Writer;
 
 /// Default positions skipped per jump; see the benchmark in README.
 pub const JUMP_DEFAULT: usize = 32;
@@ -112,7 +119,7 @@ impl ApplyOutcome {
 /// Size of an index.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IndexStats {
-    /// Indexed blocks (one per block, tier and group of 64 workers).
+    /// Indexed blocks (each once, whoever holds it, in whatever tier).
     pub entries: u64,
     /// Live (block, worker) pairs.
     pub pairs: u64,
@@ -140,7 +147,9 @@ impl Index {
             block_size: cfg.block_size,
             jump: if cfg.jump == 0 { JUMP_DEFAULT } else { cfg.jump },
             shared: Shared {
-                levels: std::array::from_fn(|_| Levels::new(depth_max)),
+                runs: pages::Pages::new(),
+                chunks: pages::Pages::new(),
+                starts: starts::Starts::new(),
                 slots: PublishedSlots::new(),
                 tier_pairs: Default::default(),
                 depth_max,
@@ -237,20 +246,22 @@ impl Index {
 
     pub fn stats(&self) -> IndexStats {
         let w = self.writer.lock();
-        let levels: usize = self.shared.levels.iter().map(Levels::bytes).sum();
         IndexStats {
-            entries: w.slab.live() as u64,
+            entries: w.tree.entries(),
             pairs: w.pairs,
-            bytes: (std::mem::size_of::<Index>() + levels + w.slab.bytes() + w.records_bytes()) as u64,
+            bytes: (std::mem::size_of::<Index>() + w.tree.bytes(&self.shared) + w.records_bytes()) as u64,
             workers: w.slot_of.len() as u64,
         }
     }
 
-    /// Keys in the query-visible tables; equals `stats().entries` (a consistency check for tests).
+    /// Checks every invariant of the layout (runs listed by their first
+    /// chain and under their parents, entries counted, each worker's bits
+    /// equal to its records) and panics on a breach; returns the entries.
+    /// For tests: it walks the whole index.
     #[doc(hidden)]
-    pub fn table_keys(&self) -> u64 {
-        let _w = self.writer.lock();
-        self.shared.levels.iter().map(|l| l.keys() as u64).sum()
+    pub fn check_consistency(&self) -> u64 {
+        let w = self.writer.lock();
+        w.check(&self.shared)
     }
 }
 
@@ -259,7 +270,8 @@ impl Drop for Index {
         // What this index held is room for the others again.
         let w = self.writer.get_mut();
         self.shared.budget.release_pairs(w.pairs);
-        self.shared.budget.release_entries(w.slab.live() as u64);
+        self.shared.budget.release_entries(w.tree.entries());
+        w.tree.release_all(&self.shared);
     }
 }
 

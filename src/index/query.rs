@@ -1,191 +1,197 @@
 //! Finding, for every worker, how deep a prefix of a query it holds.
 //!
-//! Device tier: jump search. The query's sequence hashes name its prefixes,
-//! and a device slot's worker set holds the workers that *reach* that
-//! prefix (hold it and all of its ancestors), so membership is monotone
-//! along the query: once a worker drops out it never comes back. The search
-//! checks every `jump`-th position; when some workers drop out between two
-//! checkpoints it finds each one's last position by binary search over the
-//! dropped set, splitting the set at every probe.
+//! The query's chain hashes name its prefixes. The search follows them
+//! through runs: from the run that starts with the query's first block, it
+//! finds how far the run agrees with the query (the last block first, which
+//! is the usual case; else a jump search every `jump` blocks with a binary
+//! search inside the failed jump: chains agree on a prefix, then never
+//! again), then looks up the run that starts with the next query block, and
+//! so on until the query or the index ends.
 //!
-//! Lower tiers: each continues, position by position, from where the tier
-//! before it stopped for that worker (device, then host, disk, external),
-//! as Dynamo chains them. Empty tiers cost nothing.
+//! Along that path every worker moves through the tiers as Dynamo chains
+//! them: it is in its device run while it holds each block on the device,
+//! then continues through host-pinned blocks, then disk, then external, and
+//! stops at the first block it holds in none of the tier it is in. Holdings
+//! change only at segment starts (`members`), so the sweep visits segments,
+//! not blocks, 64 workers at a time. A worker that loses a middle block stops
+//! there; nothing has to be walked to make that so.
 
 use super::chain::Chains;
-use super::level::Levels;
+use super::members::GroupSegs;
+use super::runs::RunView;
 use super::slots::{SlotTable, GROUP_BITS};
-use super::writer::Shared;
+use super::tree::Shared;
 use super::{Matches, WorkerMatch};
-use crate::event::StorageTier;
 use crossbeam::epoch::{self, Guard};
 
 const G: usize = GROUP_BITS as usize;
 
+/// One group's sweep: which workers are in which tier's stretch, and where
+/// each one left its device, host and final stretch.
+#[derive(Clone)]
+struct Sweep {
+    group: u32,
+    /// Workers still in their device, host, disk and external stretch.
+    alive: [u64; 4],
+    device: [u32; G],
+    host: [u32; G],
+    last: [u32; G],
+}
+
 #[inline]
-fn bits_at(levels: &Levels, chains: &mut Chains, level: usize, group: u32, guard: &Guard) -> u64 {
-    match levels.get(level) {
-        // A position no block ever reached costs no chain hash either.
-        Some(t) if t.len() > 0 => t.bits(chains.at(level), group, guard),
-        _ => 0,
+fn each(mut set: u64, mut f: impl FnMut(usize)) {
+    while set != 0 {
+        f(set.trailing_zeros() as usize);
+        set &= set - 1;
     }
 }
 
-struct DeviceSearch<'a, 'c> {
-    levels: &'a Levels,
-    chains: &'a mut Chains<'c>,
-    group: u32,
-    guard: &'a Guard,
-    depth: &'a mut [u32; G],
-}
+impl Sweep {
+    fn new(group: u32, mask: u64) -> Self {
+        Sweep { group, alive: [mask, 0, 0, 0], device: [0; G], host: [0; G], last: [0; G] }
+    }
 
-impl DeviceSearch<'_, '_> {
+    fn done(&self) -> bool {
+        self.alive.iter().all(|&a| a == 0)
+    }
+
+    /// At position `pos` the tiers hold `bits`: workers move on or stop.
     #[inline]
-    fn bits(&mut self, level: usize) -> u64 {
-        bits_at(self.levels, self.chains, level, self.group, self.guard)
+    fn step(&mut self, pos: u32, bits: [u64; 4]) {
+        let mut leaving = 0u64;
+        for (tier, (alive, held)) in self.alive.iter_mut().zip(bits).enumerate() {
+            let here = *alive | leaving;
+            leaving = here & !held;
+            *alive = here & held;
+            match tier {
+                0 => each(leaving, |b| self.device[b] = pos),
+                1 => each(leaving, |b| self.host[b] = pos),
+                _ => {}
+            }
+        }
+        each(leaving, |b| self.last[b] = pos);
     }
 
-    fn run(&mut self, live: u64, jump: usize) {
-        let d = self.chains.len();
-        if d == 0 {
-            return;
-        }
-        let mut active = self.bits(0) & live;
-        let mut lo = 0;
-        while active != 0 && lo + 1 < d {
-            let hi = (lo + jump).min(d - 1);
-            let still = self.bits(hi) & active;
-            if still != active {
-                let dropped = active & !still;
-                // Binary search costs about log2(window) probes per distinct
-                // drop point; a linear scan costs the window once.
-                let window = hi - lo - 1;
-                let log = usize::BITS - window.leading_zeros();
-                if dropped.count_ones() as usize * log as usize >= window {
-                    self.scan(dropped, lo, hi);
-                } else {
-                    self.resolve(dropped, lo, hi);
+    /// The path ends at `pos`: everyone still moving stops there.
+    fn finish(&mut self, pos: u32) {
+        each(self.alive[0], |b| self.device[b] = pos);
+        each(self.alive[0] | self.alive[1], |b| self.host[b] = pos);
+        each(self.alive.iter().fold(0, |a, &x| a | x), |b| self.last[b] = pos);
+        self.alive = [0; 4];
+    }
+
+    /// Walks blocks `0..m` of a run at position `base`.
+    fn run(&mut self, view: &RunView, base: u32, m: u32, lower: [bool; 4]) {
+        let segs: [Option<&GroupSegs>; 4] = std::array::from_fn(|t| {
+            if t == 0 || lower[t] {
+                view.members[t].and_then(|ms| ms.group(self.group))
+            } else {
+                None
+            }
+        });
+        let mut at = [0usize; 4];
+        let mut x = 0u32;
+        while x < m && !self.done() {
+            let mut bits = [0u64; 4];
+            let mut next = m;
+            for t in 0..4 {
+                if let Some(s) = segs[t] {
+                    while at[t] + 1 < s.len() && s.start(at[t] + 1) <= x {
+                        at[t] += 1;
+                    }
+                    bits[t] = s.bits(at[t]);
+                    if at[t] + 1 < s.len() {
+                        next = next.min(s.start(at[t] + 1));
+                    }
                 }
-                active = still;
             }
-            lo = hi;
+            self.step(base + x, bits);
+            x = next;
         }
-        self.assign(active, d as u32);
     }
+}
 
-    /// Every worker of `set` reaches `lo` and none reaches `hi`: find each
-    /// one's last position by walking the positions in between.
-    fn scan(&mut self, mut set: u64, lo: usize, hi: usize) {
-        for k in lo + 1..hi {
-            let still = self.bits(k) & set;
-            self.assign(set & !still, k as u32);
-            set = still;
-            if set == 0 {
-                return;
-            }
-        }
-        self.assign(set, hi as u32);
+/// How many blocks from offset 0 of `view` agree with the query from `pos`.
+fn agreed(shared: &Shared, view: &RunView, chains: &mut Chains, pos: u32, jump: u32, guard: &Guard) -> u32 {
+    let e = view.len.min(chains.len() as u32 - pos);
+    if e == 0 {
+        return 0;
     }
-
-    /// Every worker of `set` reaches `lo` and none reaches `hi`: binary
-    /// search, splitting the set at each probe.
-    fn resolve(&mut self, set: u64, lo: usize, hi: usize) {
-        if hi - lo <= 1 {
-            self.assign(set, lo as u32 + 1);
-            return;
+    let same =
+        |k: u32, chains: &mut Chains| view.chain(&shared.chunks, k, guard) == Some(chains.at((pos + k) as usize));
+    if same(e - 1, chains) {
+        return e;
+    }
+    if !same(0, chains) {
+        return 0;
+    }
+    // Offset `lo` agrees, `hi` does not.
+    let (mut lo, mut hi) = (0u32, e - 1);
+    while lo + jump < hi {
+        if same(lo + jump, chains) {
+            lo += jump;
+        } else {
+            hi = lo + jump;
+            break;
         }
+    }
+    while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        let deeper = self.bits(mid) & set;
-        if deeper != 0 {
-            self.resolve(deeper, mid, hi);
-        }
-        if set & !deeper != 0 {
-            self.resolve(set & !deeper, lo, mid);
+        if same(mid, chains) {
+            lo = mid;
+        } else {
+            hi = mid;
         }
     }
+    lo + 1
+}
 
-    fn assign(&mut self, mut set: u64, depth: u32) {
-        while set != 0 {
-            self.depth[set.trailing_zeros() as usize] = depth;
-            set &= set - 1;
+/// Walks the query's path once for the groups in `sweeps`.
+fn walk(shared: &Shared, chains: &mut Chains, jump: u32, sweeps: &mut [Sweep], guard: &Guard) {
+    let lower: [bool; 4] =
+        std::array::from_fn(|t| t > 0 && shared.tier_pairs[t].load(std::sync::atomic::Ordering::Relaxed) > 0);
+    let n = chains.len() as u32;
+    let mut pos = 0u32;
+    while pos < n {
+        let Some(run) = shared.starts.get(chains.at(pos as usize), guard) else { break };
+        let Some(header) = shared.runs.get(run, guard) else { break };
+        let view = header.view(guard);
+        if view.start != pos {
+            break;
         }
+        let m = agreed(shared, &view, chains, pos, jump, guard);
+        if m == 0 {
+            break;
+        }
+        for s in sweeps.iter_mut() {
+            s.run(&view, pos, m, lower);
+        }
+        pos += m;
+        if sweeps.iter().all(Sweep::done) {
+            break;
+        }
+    }
+    for s in sweeps.iter_mut() {
+        s.finish(pos);
     }
 }
 
-/// Extends each live worker from `start[w]` through consecutive positions
-/// held in this tier; writes the extension length to `ext`.
-fn extend(
-    levels: &Levels,
-    chains: &mut Chains,
-    group: u32,
-    live: u64,
-    start: &[u32; G],
-    ext: &mut [u32; G],
-    guard: &Guard,
-) {
-    let d = chains.len() as u32;
-    let mut order: Vec<(u32, u32)> = (0..G as u32)
-        .filter(|&b| live >> b & 1 == 1 && start[b as usize] < d)
-        .map(|b| (start[b as usize], b))
-        .collect();
-    order.sort_unstable();
-    let mut next = 0;
-    let mut alive = 0u64;
-    let mut level = match order.first() {
-        Some(&(s, _)) => s,
-        None => return,
-    };
-    while level < d {
-        while next < order.len() && order[next].0 == level {
-            alive |= 1 << order[next].1;
-            next += 1;
-        }
-        if alive == 0 {
-            match order.get(next) {
-                Some(&(s, _)) => {
-                    level = s;
-                    continue;
-                }
-                None => break,
-            }
-        }
-        let held = bits_at(levels, chains, level as usize, group, guard) & alive;
-        let mut dropped = alive & !held;
-        while dropped != 0 {
-            let b = dropped.trailing_zeros() as usize;
-            ext[b] = level - start[b];
-            dropped &= dropped - 1;
-        }
-        alive = held;
-        level += 1;
-    }
-    while alive != 0 {
-        let b = alive.trailing_zeros() as usize;
-        ext[b] = d - start[b];
-        alive &= alive - 1;
-    }
-}
-
-/// Attempts per group before a query waits for the writer instead.
+/// Attempts before a query waits for the writer instead.
 const RETRIES_MAX: usize = 8;
 /// How long a query waits, in all, for workers in the middle of an event
 /// before it takes the writer lock instead (a last resort: the lock may be
 /// held across a whole batch of events).
 const WAIT_EVEN_MAX_US: u64 = 50_000;
 
-/// Waits until no worker of `mask` is in the middle of an event, or the
-/// deadline passes. Spins briefly, then yields: one event takes microseconds
-/// to a fraction of a millisecond.
-fn wait_between_events(table: &SlotTable, group: usize, mask: u64, deadline: std::time::Instant) {
+/// Waits until no worker of `masks` is in the middle of an event, or the
+/// deadline passes. Spins briefly, then yields.
+fn wait_between_events(table: &SlotTable, masks: &[(usize, u64)], deadline: std::time::Instant) {
     let mut v = [0u64; G];
     for round in 0u32.. {
-        table.read_versions(group, mask, &mut v);
-        let mut m = mask;
         let mut busy = false;
-        while m != 0 {
-            let b = m.trailing_zeros() as usize;
-            busy |= v[b] & 1 == 1;
-            m &= m - 1;
+        for &(group, mask) in masks {
+            table.read_versions(group, mask, &mut v);
+            each(mask, |b| busy |= v[b] & 1 == 1);
         }
         if !busy || std::time::Instant::now() >= deadline {
             return;
@@ -198,118 +204,71 @@ fn wait_between_events(table: &SlotTable, group: usize, mask: u64, deadline: std
     }
 }
 
-/// Per-slot depths of one group: device, host (cumulative), disk (cumulative).
-type Depths = ([u32; G], [u32; G], [u32; G]);
-
-fn group_depths(
-    shared: &Shared,
-    chains: &mut Chains,
-    jump: usize,
-    group: u32,
-    mask: u64,
-    lower_tiers: &[StorageTier],
-    guard: &Guard,
-) -> Depths {
-    let mut device = [0u32; G];
-    DeviceSearch { levels: &shared.levels[StorageTier::Device.index()], chains, group, guard, depth: &mut device }
-        .run(mask, jump);
-    let mut host = device;
-    let mut disk = device;
-    if !lower_tiers.is_empty() {
-        let mut reach = device;
-        for &tier in lower_tiers {
-            let mut ext = [0u32; G];
-            extend(&shared.levels[tier.index()], chains, group, mask, &reach, &mut ext, guard);
-            for b in 0..G {
-                reach[b] += ext[b];
-            }
-            if tier == StorageTier::HostPinned {
-                host = reach;
-            }
-        }
-        for b in 0..G {
-            disk[b] = reach[b].max(host[b]);
-        }
-    }
-    (device, host, disk)
-}
-
-fn merge(into: &mut Depths, from: &Depths, mut mask: u64) {
-    while mask != 0 {
-        let b = mask.trailing_zeros() as usize;
-        into.0[b] = from.0[b];
-        into.1[b] = from.1[b];
-        into.2[b] = from.2[b];
-        mask &= mask - 1;
-    }
-}
-
 /// Every worker's depths. A worker whose events were being applied while
-/// its bits were read is searched again (alone), so each worker's answer is
-/// a state it really had. Before each retry it waits (briefly, bounded)
-/// for those workers' events in progress to finish; past `RETRIES_MAX`
-/// retries it takes the writer lock (`lock_writer`), which no event can
-/// then interleave with.
-pub(crate) fn find<L, G2>(shared: &Shared, chains: &mut Chains, jump: usize, lock_writer: L) -> Matches
+/// the path was walked is searched again, so each worker's answer is a state
+/// it really had. Before each retry it waits (briefly, bounded) for those
+/// workers' events to finish; past `RETRIES_MAX` retries it takes the writer
+/// lock (`lock_writer`), which no event can interleave with.
+pub(crate) fn find<L, W>(shared: &Shared, chains: &mut Chains, jump: usize, lock_writer: L) -> Matches
 where
-    L: Fn() -> G2,
+    L: Fn() -> W,
 {
-    let lower_tiers: Vec<StorageTier> = [StorageTier::HostPinned, StorageTier::Disk, StorageTier::External]
-        .into_iter()
-        .filter(|t| shared.tier_pairs[t.index()].load(std::sync::atomic::Ordering::Relaxed) > 0)
-        .collect();
     let guard = epoch::pin();
+    let jump = jump.max(1) as u32;
     shared.slots.read(&guard, |table: &SlotTable| {
-        let mut out = Vec::new();
-        for group in 0..table.groups() {
-            let live = table.live[group];
-            if live == 0 {
-                continue;
+        let mut pending: Vec<(usize, u64)> =
+            (0..table.groups()).map(|g| (g, table.live[g])).filter(|&(_, m)| m != 0).collect();
+        // Each finished sweep with the workers whose answers it gives.
+        let mut results: Vec<(Sweep, u64)> = Vec::with_capacity(pending.len());
+        let mut deadline = None;
+        let mut before = vec![[0u64; G]; pending.len()];
+        let mut after = [0u64; G];
+        for attempt in 0..=RETRIES_MAX {
+            if pending.is_empty() {
+                break;
             }
-            let (mut before, mut after) = ([0u64; G], [0u64; G]);
-            let mut mask = live;
-            let mut depths: Depths = ([0; G], [0; G], [0; G]);
-            let mut deadline = None;
-            for attempt in 0..=RETRIES_MAX {
-                if attempt > 0 {
-                    // Wait out the events in progress rather than race them again.
-                    let d = *deadline.get_or_insert_with(|| {
-                        std::time::Instant::now() + std::time::Duration::from_micros(WAIT_EVEN_MAX_US)
-                    });
-                    wait_between_events(table, group, mask, d);
-                }
-                let _held = (attempt == RETRIES_MAX).then(&lock_writer);
-                table.read_versions(group, mask, &mut before);
-                let found = group_depths(shared, chains, jump, group as u32, mask, &lower_tiers, &guard);
+            if attempt > 0 {
+                let d = *deadline.get_or_insert_with(|| {
+                    std::time::Instant::now() + std::time::Duration::from_micros(WAIT_EVEN_MAX_US)
+                });
+                wait_between_events(table, &pending, d);
+            }
+            let _held = (attempt == RETRIES_MAX).then(&lock_writer);
+            before.resize(pending.len(), [0; G]);
+            for (k, &(group, mask)) in pending.iter().enumerate() {
+                table.read_versions(group, mask, &mut before[k]);
+            }
+            let mut sweeps: Vec<Sweep> = pending.iter().map(|&(g, m)| Sweep::new(g as u32, m)).collect();
+            walk(shared, chains, jump, &mut sweeps, &guard);
+            let mut still = Vec::new();
+            for (k, s) in sweeps.into_iter().enumerate() {
+                let (group, mask) = pending[k];
                 table.read_versions(group, mask, &mut after);
                 let mut unstable = 0u64;
-                let mut m = mask;
-                while m != 0 {
-                    let b = m.trailing_zeros() as usize;
-                    if before[b] != after[b] || before[b] & 1 == 1 {
-                        unstable |= 1 << b;
+                if attempt < RETRIES_MAX {
+                    each(mask, |b| {
+                        if before[k][b] != after[b] || before[k][b] & 1 == 1 {
+                            unstable |= 1 << b;
+                        }
+                    });
+                }
+                results.push((s, mask & !unstable));
+                if unstable != 0 {
+                    still.push((group, unstable));
+                }
+            }
+            pending = still;
+        }
+        let mut out = Vec::new();
+        for (s, taken) in results {
+            let group = s.group as usize;
+            each(taken, |b| {
+                if s.last[b] > 0 {
+                    if let Some(worker) = table.worker(group, b as u32) {
+                        out.push(WorkerMatch { worker, device: s.device[b], host: s.host[b], disk: s.last[b] });
                     }
-                    m &= m - 1;
                 }
-                if attempt == RETRIES_MAX {
-                    unstable = 0; // under the writer lock nothing moved
-                }
-                merge(&mut depths, &found, mask & !unstable);
-                mask = unstable;
-                if mask == 0 {
-                    break;
-                }
-            }
-            let (device, host, disk) = depths;
-            for bit in 0..G as u32 {
-                let b = bit as usize;
-                if live >> bit & 1 == 0 || disk[b] == 0 {
-                    continue;
-                }
-                if let Some(worker) = table.worker(group, bit) {
-                    out.push(WorkerMatch { worker, device: device[b], host: host[b], disk: disk[b] });
-                }
-            }
+            });
         }
         Matches { workers: out }
     })

@@ -129,7 +129,7 @@ fn clear_and_worker_removal_reclaim_everything() {
         }
     }
     let s = ix.stats();
-    assert_eq!((s.entries, s.pairs, ix.table_keys()), (0, 0, 0));
+    assert_eq!((s.entries, s.pairs, ix.check_consistency()), (0, 0, 0));
     for i in (0..100u64).step_by(2) {
         assert!(ix.remove_worker(w(i)));
     }

@@ -1,62 +1,46 @@
 //! Applying events: the only code that changes an index.
 //!
-//! One writer at a time per index (the index's writer lock). For each worker
-//! the writer keeps, per tier, its records (engine hash -> entry). For each
-//! entry it keeps the workers that *hold* the block (`Entry::held`). The
-//! query-visible set of a device entry is narrower: the workers that *reach*
-//! it, i.e. hold it and, recursively, its parent. Reach is what makes jump
-//! search exact: a worker in the set at position `i` holds the whole query
-//! prefix up to `i`, so skipped positions need no check.
+//! One writer at a time per index (the index's writer lock), and one
+//! worker's events in order. Per worker slot the writer keeps, per tier,
+//! its records (engine hash -> block id): the one structure a Removed event
+//! needs. Who holds a block is said once more, for queries, by the worker's
+//! bit in the members of the block's run; the two always agree.
 //!
-//! Removing a device block a worker reaches detaches the worker from every
-//! descendant it holds (they stay held, not reached); storing or re-storing
-//! the parent reattaches them. Lower tiers have no reach: their query-visible
-//! set is the held set and queries walk them position by position.
-//!
-//! An entry with no holder is freed at once, unless it still has children
-//! (it is their structural parent); it is freed when its last child goes.
+//! A store walks from the parent block: blocks that exist already only get
+//! the worker's bit (a range at a time along a run); the first block that
+//! does not exist, and every one after it, is created in one go: appended to
+//! the parent's run when the parent is its last block, else as a new run.
+//! A remove clears the worker's bits (a range at a time) and trims the runs
+//! it touched (`tree`).
 
-use super::budget::Budget;
+use super::blocks::NIL;
 use super::chain;
-use super::level::Levels;
 use super::records::Records;
-use super::slab::{Entry, Slab, NIL};
-use super::slots::{PublishedSlots, SlotTable, Versions, GROUP_BITS, SLOTS_MAX};
+use super::slots::{SlotTable, Versions, GROUP_BITS, SLOTS_MAX};
+use super::tree::{Holder, Shared, Tree};
 use super::ApplyOutcome;
 use crate::event::{StorageTier, StoredBlock, WorkerId};
-use crossbeam::epoch;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const DEVICE: usize = StorageTier::Device as usize;
+/// How many records ahead a batch asks the cache for.
+const PREFETCH_AHEAD: usize = 8;
 
 /// What the writer keeps per worker slot.
 pub(crate) struct WorkerState {
     pub id: WorkerId,
     pub records: [Records; 4],
-    /// Device blocks the worker holds but does not reach.
-    pub detached: u64,
-    /// Per entry the worker holds under more than one engine hash (rare:
-    /// engines name one content with one hash), how many extra hashes.
-    pub aliases: FxHashMap<u32, u32>,
-}
-
-/// Everything shared between the writer and readers.
-pub(crate) struct Shared {
-    pub levels: [Levels; 4],
-    pub slots: PublishedSlots,
-    /// Live (block, worker) pairs per tier; queries skip empty lower tiers.
-    pub tier_pairs: [AtomicU64; 4],
-    pub depth_max: usize,
-    /// Pairs and entries every index of the daemon may hold (see `budget`).
-    pub budget: Arc<Budget>,
+    /// Per (tier, block) the worker holds under more than one engine hash
+    /// (rare: engines name one content with one hash), how many extra hashes.
+    pub aliases: FxHashMap<(u8, u32), u32>,
 }
 
 #[derive(Default)]
 pub(crate) struct Writer {
-    pub slab: Slab,
+    pub tree: Tree,
     pub slot_of: FxHashMap<WorkerId, u32>,
     pub workers: Vec<Option<WorkerState>>,
     free_slots: BTreeSet<u32>,
@@ -64,26 +48,16 @@ pub(crate) struct Writer {
     pub pairs: u64,
 }
 
-/// Where an entry sits: tier, position, chain hash, worker group.
-#[derive(Clone, Copy)]
-struct Key {
-    tier: usize,
-    level: u32,
-    chain: u64,
-    group: u16,
-}
-
-/// Why no entry could be made for a stored block.
-enum NoEntry {
-    /// The shared budget's cap is reached: shed, for now.
-    Budget,
-    /// The index's entry ids are exhausted.
-    Full,
-}
-
 #[inline]
-fn split(slot: u32) -> (u16, u64) {
-    ((slot / GROUP_BITS) as u16, 1u64 << (slot % GROUP_BITS))
+pub(crate) fn split(slot: u32) -> (u32, u64) {
+    (slot / GROUP_BITS, 1u64 << (slot % GROUP_BITS))
+}
+
+/// Consecutive blocks of one run whose bit changes together.
+struct Range {
+    run: u32,
+    a: u32,
+    b: u32,
 }
 
 impl Writer {
@@ -122,7 +96,7 @@ impl Writer {
             None => return None,
         };
         self.workers[slot as usize] =
-            Some(WorkerState { id: worker, records: Default::default(), detached: 0, aliases: FxHashMap::default() });
+            Some(WorkerState { id: worker, records: Default::default(), aliases: FxHashMap::default() });
         self.slot_of.insert(worker, slot);
         self.publish(shared);
         Some(slot)
@@ -142,40 +116,10 @@ impl Writer {
         self.workers[slot as usize].as_mut().expect("slot in use")
     }
 
-    /// The query-visible bit of `id` for `bit`.
-    fn visible(&self, shared: &Shared, id: u32, bit: u64) -> bool {
-        let e = self.slab.get(id);
-        let guard = epoch::pin();
-        let level = shared.levels[e.tier as usize].get(e.level as usize).expect("entry's level exists");
-        level.slot(e.chain, e.group as u32, &guard).is_some_and(|s| s.bits() & bit != 0)
-    }
-
-    fn set_visible(&self, shared: &Shared, id: u32, bit: u64, on: bool) {
-        let e = self.slab.get(id);
-        let guard = epoch::pin();
-        let level = shared.levels[e.tier as usize].get(e.level as usize).expect("entry's level exists");
-        let slot = level.slot(e.chain, e.group as u32, &guard).expect("entry has a slot");
-        if on {
-            slot.set(bit)
-        } else {
-            slot.clear(bit);
-        }
-    }
-
-    /// Withdraws the worker's visible bit from `id` in one probe; returns
-    /// whether it was set.
-    fn take_visible(&self, shared: &Shared, id: u32, bit: u64) -> bool {
-        let e = self.slab.get(id);
-        let guard = epoch::pin();
-        let level = shared.levels[e.tier as usize].get(e.level as usize).expect("entry's level exists");
-        let slot = level.slot(e.chain, e.group as u32, &guard).expect("entry has a slot");
-        slot.clear(bit) & bit != 0
-    }
-
-    /// Finds the entry of a stored block's parent for this worker: the same
+    /// The block a stored block's parent names for this worker: the same
     /// tier first; a lower-tier block may also hang off a block the worker
     /// holds in another tier. A device block needs a device parent.
-    fn parent_entry(&self, slot: u32, tier: usize, engine_hash: u64) -> Option<u32> {
+    fn parent_block(&self, slot: u32, tier: usize, engine_hash: u64) -> Option<u32> {
         let st = self.workers[slot as usize].as_ref()?;
         if let Some(id) = st.records[tier].get(engine_hash) {
             return Some(id);
@@ -186,113 +130,34 @@ impl Writer {
         (0..4).filter(|&t| t != tier).find_map(|t| st.records[t].get(engine_hash))
     }
 
-    /// The entry at `key`, created (with `local`, `parent` and visible
-    /// `bits`) if absent; the flag says whether it was created.
-    fn entry_at(
-        &mut self,
-        shared: &Shared,
-        key: Key,
-        local: u64,
-        parent: u32,
-        bits: u64,
-    ) -> Result<(u32, bool), NoEntry> {
-        let Key { tier, level, chain, group } = key;
-        let guard = epoch::pin();
-        let table = shared.levels[tier].get_or_create(level as usize);
-        if let Some(s) = table.slot(chain, group as u32, &guard) {
-            return Ok((s.id(), false));
-        }
-        if !shared.budget.take_entry() {
-            return Err(NoEntry::Budget);
-        }
-        let entry = Entry {
-            chain,
-            local,
-            held: 0,
-            parent,
-            level,
-            first_child: NIL,
-            next_sibling: NIL,
-            prev_sibling: NIL,
-            group,
-            tier: tier as u8,
-        };
-        let Some(id) = self.slab.alloc(entry) else {
-            shared.budget.release_entries(1);
-            return Err(NoEntry::Full);
-        };
-        table.insert(chain, group as u32, id, bits, &guard);
-        if parent != NIL {
-            let head = self.slab.get(parent).first_child;
-            if head != NIL {
-                self.slab.get_mut(head).prev_sibling = id;
-            }
-            self.slab.get_mut(id).next_sibling = head;
-            self.slab.get_mut(parent).first_child = id;
-        }
-        Ok((id, true))
+    /// Whether the worker's bit is set on block `id` in `tier`.
+    fn holds(&self, shared: &Shared, id: u32, tier: usize, group: u32, bit: u64) -> bool {
+        let (run, off) = self.tree.locate(id);
+        self.tree.members(shared, run, tier).is_some_and(|m| m.holds(group, bit, off))
     }
 
-    /// Frees `id` and then its ancestors while they have no holder and no child.
-    fn reclaim(&mut self, shared: &Shared, mut id: u32) {
-        while id != NIL {
-            let e = *self.slab.get(id);
-            if e.held != 0 || e.first_child != NIL {
+    fn flush(&mut self, shared: &Shared, range: &mut Option<Range>, who: Holder, on: bool) {
+        if let Some(r) = range.take() {
+            self.tree.mark(shared, r.run, who, r.a, r.b, on);
+        }
+    }
+
+    /// Adds block `id` to the pending range, flushing the range when `id`
+    /// does not extend it.
+    fn extend(&mut self, shared: &Shared, range: &mut Option<Range>, id: u32, who: Holder, on: bool) {
+        let (run, off) = self.tree.locate(id);
+        if let Some(r) = range {
+            if r.run == run && r.b == off {
+                r.b += 1;
                 return;
             }
-            let guard = epoch::pin();
-            let removed =
-                shared.levels[e.tier as usize].get_or_create(e.level as usize).remove(e.chain, e.group as u32, &guard);
-            debug_assert!(removed, "entry had a slot");
-            if e.prev_sibling != NIL {
-                self.slab.get_mut(e.prev_sibling).next_sibling = e.next_sibling;
-            } else if e.parent != NIL {
-                self.slab.get_mut(e.parent).first_child = e.next_sibling;
-            }
-            if e.next_sibling != NIL {
-                self.slab.get_mut(e.next_sibling).prev_sibling = e.prev_sibling;
-            }
-            self.slab.free(id);
-            shared.budget.release_entries(1);
-            id = e.parent;
-        }
-    }
-
-    /// Makes `id` reached by `bit`, then every held-but-detached device descendant.
-    fn attach(&mut self, shared: &Shared, slot: u32, id: u32, bit: u64) {
-        self.set_visible(shared, id, bit, true);
-        if self.state(slot).detached == 0 {
-            return;
-        }
-        let mut stack = vec![id];
-        while let Some(p) = stack.pop() {
-            let mut c = self.slab.get(p).first_child;
-            while c != NIL {
-                let e = *self.slab.get(c);
-                if e.tier as usize == DEVICE && e.held & bit != 0 && !self.visible(shared, c, bit) {
-                    self.set_visible(shared, c, bit, true);
-                    self.state(slot).detached -= 1;
-                    stack.push(c);
-                }
-                c = e.next_sibling;
+            if r.run == run && off + 1 == r.a {
+                r.a -= 1;
+                return;
             }
         }
-    }
-
-    /// Withdraws reach of `bit` from every device descendant of `id`.
-    fn detach_descendants(&mut self, shared: &Shared, slot: u32, id: u32, bit: u64) {
-        let mut stack = vec![id];
-        while let Some(p) = stack.pop() {
-            let mut c = self.slab.get(p).first_child;
-            while c != NIL {
-                let e = *self.slab.get(c);
-                if e.tier as usize == DEVICE && e.held & bit != 0 && self.take_visible(shared, c, bit) {
-                    self.state(slot).detached += 1;
-                    stack.push(c);
-                }
-                c = e.next_sibling;
-            }
-        }
+        self.flush(shared, range, who, on);
+        *range = Some(Range { run, a: off, b: off + 1 });
     }
 
     pub(crate) fn store(
@@ -310,192 +175,200 @@ impl Writer {
             return;
         };
         let (group, bit) = split(slot);
-        let (mut parent_id, mut level, mut parent_chain) = match parent {
+        let holder = Holder { tier, group, bit };
+        let (mut cur, mut pos, mut pchain) = match parent {
             None => (NIL, 0u32, None),
-            Some(h) => match self.parent_entry(slot, tier, h) {
-                Some(p) => {
-                    let e = self.slab.get(p);
-                    (p, e.level + 1, Some(e.chain))
-                }
+            Some(h) => match self.parent_block(slot, tier, h) {
+                Some(p) => (p, self.tree.position(shared, p) + 1, Some(self.tree.chain(shared, p))),
                 None => {
                     out.unknown_parent += blocks.len() as u32;
                     return;
                 }
             },
         };
-        // Whether the worker reaches the parent; after the first block it is
-        // known from the block before, with no probe.
-        let mut parent_reached = tier != DEVICE || self.parent_reached(shared, parent_id, bit);
-        let mut added = 0u64;
-        for (k, b) in blocks.iter().enumerate() {
-            if level as usize >= shared.depth_max {
+        for b in blocks.iter().take(PREFETCH_AHEAD) {
+            self.state(slot).records[tier].prefetch(b.engine_hash);
+        }
+        let mut range: Option<Range> = None;
+        let mut k = 0;
+        while k < blocks.len() {
+            if let Some(b) = blocks.get(k + PREFETCH_AHEAD) {
+                self.state(slot).records[tier].prefetch(b.engine_hash);
+            }
+            if pos as usize >= shared.depth_max {
                 out.depth_exceeded += (blocks.len() - k) as u32;
                 break;
             }
-            let chain = parent_chain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash));
+            let b = blocks[k];
+            let chain = pchain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash));
             let previous = self.state(slot).records[tier].get(b.engine_hash);
             if let Some(old) = previous {
-                let e = self.slab.get(old);
-                if e.chain == chain && e.level == level {
+                if self.tree.chain(shared, old) == chain && self.tree.position(shared, old) == pos {
                     out.duplicate += 1;
-                    if tier == DEVICE {
-                        let reached = self.visible(shared, old, bit);
-                        if !reached && parent_reached {
-                            self.state(slot).detached -= 1;
-                            self.attach(shared, slot, old, bit);
-                        }
-                        parent_reached = reached || parent_reached;
-                    }
-                    parent_id = old;
-                    parent_chain = Some(chain);
-                    level += 1;
+                    (cur, pchain, pos, k) = (old, Some(chain), pos + 1, k + 1);
                     continue;
                 }
             }
-            // A new entry starts with the worker's bit when the worker can see it.
-            // The engine reused a hash for other content (rare): the old block
-            // goes, which may detach this block's ancestors, so visibility is
-            // decided after that removal.
-            let reuse = previous.is_some();
-            let mut visible_now = tier != DEVICE || parent_reached;
-            let key = Key { tier, level, chain, group };
-            let bits = if visible_now && !reuse { bit } else { 0 };
-            // Room for the new pair first (an alias gives it back below), so
-            // at the cap nothing is allocated for a block that is refused.
-            let entry = if shared.budget.take_pair() {
-                self.entry_at(shared, key, b.local_hash, parent_id, bits).inspect_err(|_| {
-                    shared.budget.release_pairs(1);
-                })
-            } else {
-                Err(NoEntry::Budget)
+            let Some(id) = self.tree.next(shared, cur, pos, chain) else {
+                // From here on nothing exists: create the rest in one go.
+                self.flush(shared, &mut range, holder, true);
+                self.create(shared, slot, holder, cur, pos, chain, &blocks[k..], out);
+                break;
             };
-            let (id, created) = match entry {
-                Ok(found) => found,
-                Err(why) => {
-                    if reuse {
-                        // The engine reused the hash for content we cannot
-                        // place: the old block is gone all the same.
-                        self.remove_pair(shared, slot, tier, b.engine_hash);
-                    }
-                    let rest = (blocks.len() - k) as u32;
-                    match why {
-                        NoEntry::Budget => out.shed += rest,
-                        NoEntry::Full => out.rejected += rest,
-                    }
-                    break;
+            let alias = self.holds(shared, id, tier, group, bit);
+            if !alias && !shared.budget.take_pair() {
+                out.shed += (blocks.len() - k) as u32;
+                if previous.is_some() {
+                    // The engine reused the hash for content we cannot place:
+                    // the old block is gone all the same.
+                    self.flush(shared, &mut range, holder, true);
+                    self.drop_record(shared, slot, tier, b.engine_hash);
                 }
-            };
-            // Same block under a second engine hash of this worker: an alias.
-            let alias = !created && self.slab.get(id).held & bit != 0;
-            // Holding the new entry first pins it (and its parent) against the
-            // reclaim below, which may free the old block and its ancestors.
-            self.slab.get_mut(id).held |= bit;
-            if reuse {
-                self.remove_pair(shared, slot, tier, b.engine_hash);
-                visible_now = tier != DEVICE || self.parent_reached(shared, parent_id, bit);
+                break;
+            }
+            if alias {
+                *self.state(slot).aliases.entry((tier as u8, id)).or_insert(0) += 1;
+                out.duplicate += 1;
+            } else {
+                self.extend(shared, &mut range, id, holder, true);
+                self.pairs += 1;
+                shared.tier_pairs[tier].fetch_add(1, Ordering::Relaxed);
+                out.stored += 1;
+            }
+            if previous.is_some() {
+                // The engine reused the hash for other content: the new block is
+                // held first, which pins it (and its parents) against the trim.
+                self.flush(shared, &mut range, holder, true);
+                self.drop_record(shared, slot, tier, b.engine_hash);
             }
             self.state(slot).records[tier].insert(b.engine_hash, id);
-            if alias {
-                shared.budget.release_pairs(1);
-                *self.state(slot).aliases.entry(id).or_insert(0) += 1;
-                out.duplicate += 1;
-                if tier == DEVICE {
-                    parent_reached = self.visible(shared, id, bit);
-                }
-                parent_id = id;
-                parent_chain = Some(chain);
-                level += 1;
-                continue;
-            }
-            self.pairs += 1;
-            added += 1;
-            if !visible_now {
-                self.state(slot).detached += 1;
-            } else if !created || reuse {
-                // A new entry got the bit at insertion and has no children yet;
-                // an existing one needs the bit, and on the device tier may
-                // have held-but-detached children to reattach.
-                self.attach_or_set(shared, slot, id, bit, tier == DEVICE);
-            }
-            if tier == DEVICE {
-                parent_reached = visible_now;
-            }
-            out.stored += 1;
-            parent_id = id;
-            parent_chain = Some(chain);
-            level += 1;
+            (cur, pchain, pos, k) = (id, Some(chain), pos + 1, k + 1);
         }
-        shared.tier_pairs[tier].fetch_add(added, Ordering::Relaxed);
-        #[cfg(debug_assertions)]
-        self.check_reach(shared, slot);
+        self.flush(shared, &mut range, holder, true);
     }
 
-    /// Debug builds: a device block is visible to the worker exactly when it
-    /// holds it and its parent is visible (or it sits at position 0).
-    #[cfg(debug_assertions)]
-    pub(crate) fn check_reach(&self, shared: &Shared, slot: u32) {
-        let (_, bit) = split(slot);
-        let Some(st) = self.workers[slot as usize].as_ref() else { return };
-        // Bounded so debug runs of big workloads stay usable.
-        if st.records[DEVICE].iter().count() > 4096 {
+    /// Creates `blocks` (none of which exists) under `parent` at `pos`, the
+    /// first with chain `first`, held by the worker.
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        &mut self,
+        shared: &Shared,
+        slot: u32,
+        holder: Holder,
+        parent: u32,
+        pos: u32,
+        first: u64,
+        blocks: &[StoredBlock],
+        out: &mut ApplyOutcome,
+    ) {
+        let room = shared.depth_max.saturating_sub(pos as usize).min(blocks.len());
+        out.depth_exceeded += (blocks.len() - room) as u32;
+        let mut chains = Vec::with_capacity(room);
+        let mut c = first;
+        for (j, b) in blocks[..room].iter().enumerate() {
+            if j > 0 {
+                c = chain::next(c, b.local_hash);
+            }
+            if !shared.budget.take_pair() {
+                break;
+            }
+            if !shared.budget.take_entry() {
+                shared.budget.release_pairs(1);
+                break;
+            }
+            chains.push(c);
+        }
+        let refused = (room - chains.len()) as u32;
+        let appended = if chains.is_empty() {
+            None
+        } else if parent != NIL && self.is_tail(shared, parent) {
+            let (run, _) = self.tree.locate(parent);
+            self.tree.append(shared, run, &chains, holder)
+        } else if self.tree.chain_taken(shared, chains[0]) {
+            // A chain collision with a run elsewhere (odds 2^-64): refuse.
+            None
+        } else {
+            self.tree.new_run(shared, parent, pos, &chains, holder)
+        };
+        let made = match appended {
+            Some(id) => id,
+            None => {
+                let n = chains.len() as u64;
+                shared.budget.release_pairs(n);
+                shared.budget.release_entries(n);
+                out.rejected += chains.len() as u32;
+                out.shed += refused;
+                self.drop_reused(shared, slot, holder.tier, &blocks[..room]);
+                return;
+            }
+        };
+        out.shed += refused;
+        // The new blocks are consecutive in one run.
+        let (run, off) = self.tree.locate(made);
+        let tier = holder.tier;
+        let mut reused = Vec::new();
+        for (j, b) in blocks[..chains.len()].iter().enumerate() {
+            let id = self.tree.block_at(shared, run, off + j as u32);
+            if let Some(old) = self.state(slot).records[tier].insert(b.engine_hash, id) {
+                reused.push(old);
+            }
+        }
+        self.pairs += chains.len() as u64;
+        shared.tier_pairs[tier].fetch_add(chains.len() as u64, Ordering::Relaxed);
+        out.stored += chains.len() as u32;
+        // Hashes the engine reused for this new content: the old blocks go.
+        for old in reused {
+            self.release_block(shared, slot, tier, old);
+        }
+        self.drop_reused(shared, slot, tier, &blocks[chains.len()..room]);
+    }
+
+    /// Refused blocks whose hashes named other blocks of the worker: those go.
+    fn drop_reused(&mut self, shared: &Shared, slot: u32, tier: usize, refused: &[StoredBlock]) {
+        for b in refused {
+            self.drop_record(shared, slot, tier, b.engine_hash);
+        }
+    }
+
+    fn is_tail(&self, shared: &Shared, id: u32) -> bool {
+        let (run, off) = self.tree.locate(id);
+        off + 1 == self.tree.len(shared, run)
+    }
+
+    /// Removes the worker's record of `engine_hash`; false if it had none.
+    fn drop_record(&mut self, shared: &Shared, slot: u32, tier: usize, engine_hash: u64) -> bool {
+        let Some(id) = self.state(slot).records[tier].remove(engine_hash) else { return false };
+        self.release_block(shared, slot, tier, id);
+        true
+    }
+
+    /// The worker no longer names block `id` by one of its hashes (already
+    /// taken out of the records, or overwritten): its bit goes unless another
+    /// hash still names the block.
+    fn release_block(&mut self, shared: &Shared, slot: u32, tier: usize, id: u32) {
+        if self.release_alias(slot, tier, id) {
             return;
         }
-        for (h, id) in st.records[DEVICE].iter() {
-            let e = self.slab.get(id);
-            let parent_ok =
-                e.parent == NIL || (self.slab.get(e.parent).held & bit != 0 && self.visible(shared, e.parent, bit));
-            assert_eq!(
-                self.visible(shared, id, bit),
-                parent_ok && e.held & bit != 0,
-                "reach of block {h} at level {}",
-                e.level
-            );
-        }
-    }
-
-    /// Sets the worker's visible bit on `id`; on the device tier also
-    /// reattaches held-but-detached descendants.
-    fn attach_or_set(&mut self, shared: &Shared, slot: u32, id: u32, bit: u64, device: bool) {
-        if device {
-            self.attach(shared, slot, id, bit);
-        } else {
-            self.set_visible(shared, id, bit, true);
-        }
-    }
-
-    fn parent_reached(&self, shared: &Shared, parent_id: u32, bit: u64) -> bool {
-        parent_id == NIL || self.visible(shared, parent_id, bit)
-    }
-
-    /// Drops one (block, worker) pair; false if the worker has no such block.
-    pub(crate) fn remove_pair(&mut self, shared: &Shared, slot: u32, tier: usize, engine_hash: u64) -> bool {
-        let Some(id) = self.state(slot).records[tier].remove(engine_hash) else {
-            return false;
-        };
-        let (_, bit) = split(slot);
-        let st = self.state(slot);
-        if let Some(extra) = st.aliases.get_mut(&id) {
-            // Another engine hash of this worker still names the block.
-            *extra -= 1;
-            if *extra == 0 {
-                st.aliases.remove(&id);
-            }
-            return true;
-        }
+        let (group, bit) = split(slot);
         self.pairs -= 1;
         shared.budget.release_pairs(1);
         shared.tier_pairs[tier].fetch_sub(1, Ordering::Relaxed);
-        if tier == DEVICE {
-            if self.take_visible(shared, id, bit) {
-                self.detach_descendants(shared, slot, id, bit);
-            } else {
-                self.state(slot).detached -= 1;
-            }
-        } else {
-            self.set_visible(shared, id, bit, false);
+        let (run, off) = self.tree.locate(id);
+        self.tree.mark(shared, run, Holder { tier, group, bit }, off, off + 1, false);
+        self.tree.trim(shared, run);
+    }
+
+    /// One fewer extra hash for (tier, block); true if there was one.
+    fn release_alias(&mut self, slot: u32, tier: usize, id: u32) -> bool {
+        let st = self.state(slot);
+        if st.aliases.is_empty() {
+            return false;
         }
-        self.slab.get_mut(id).held &= !bit;
-        self.reclaim(shared, id);
+        let Some(extra) = st.aliases.get_mut(&(tier as u8, id)) else { return false };
+        *extra -= 1;
+        if *extra == 0 {
+            st.aliases.remove(&(tier as u8, id));
+        }
         true
     }
 
@@ -511,11 +384,46 @@ impl Writer {
             out.unknown_removed += hashes.len() as u32;
             return;
         };
-        for &h in hashes {
-            if self.remove_pair(shared, slot, tier as usize, h) {
-                out.removed += 1;
-            } else {
+        let tier = tier as usize;
+        let (group, bit) = split(slot);
+        let who = Holder { tier, group, bit };
+        for &h in hashes.iter().take(PREFETCH_AHEAD) {
+            self.state(slot).records[tier].prefetch(h);
+        }
+        let mut range: Option<Range> = None;
+        let mut touched: FxHashSet<u32> = FxHashSet::default();
+        let mut gone = 0u64;
+        for (k, &h) in hashes.iter().enumerate() {
+            if let Some(&next) = hashes.get(k + PREFETCH_AHEAD) {
+                self.state(slot).records[tier].prefetch(next);
+            }
+            let Some(id) = self.state(slot).records[tier].remove(h) else {
                 out.unknown_removed += 1;
+                continue;
+            };
+            out.removed += 1;
+            if self.release_alias(slot, tier, id) {
+                continue;
+            }
+            gone += 1;
+            self.extend(shared, &mut range, id, who, false);
+            touched.insert(self.tree.locate(id).0);
+        }
+        self.flush(shared, &mut range, who, false);
+        self.pairs -= gone;
+        shared.budget.release_pairs(gone);
+        shared.tier_pairs[tier].fetch_sub(gone, Ordering::Relaxed);
+        self.trim_all(shared, touched);
+    }
+
+    /// Trims every run in `runs` that is still live.
+    fn trim_all(&mut self, shared: &Shared, runs: impl IntoIterator<Item = u32>) {
+        let mut runs: Vec<u32> = runs.into_iter().collect();
+        // Deepest first, so a run is looked at after its children went.
+        runs.sort_unstable_by_key(|&r| std::cmp::Reverse(self.tree.start(shared, r)));
+        for run in runs {
+            if self.tree.is_live(run) {
+                self.tree.trim(shared, run);
             }
         }
     }
@@ -525,33 +433,33 @@ impl Writer {
         let Some(&slot) = self.slot_of.get(&worker) else {
             return 0;
         };
-        let (_, bit) = split(slot);
+        let (group, bit) = split(slot);
         let mut dropped = 0;
+        let mut touched: FxHashSet<u32> = FxHashSet::default();
         for tier in 0..4 {
-            let mut records = self.state(slot).records[tier].take();
-            if !self.state(slot).aliases.is_empty() {
-                records.sort_unstable_by_key(|&(_, id)| id);
-                records.dedup_by_key(|&mut (_, id)| id);
-            }
-            // Clear every bit first so no cascade walks blocks about to go anyway.
-            for &(_, id) in &records {
-                self.set_visible(shared, id, bit, false);
-                self.slab.get_mut(id).held &= !bit;
-            }
-            for &(_, id) in &records {
-                // An earlier reclaim may already have freed it as an ancestor.
-                if self.slab.is_live(id) {
-                    self.reclaim(shared, id);
+            let records = self.state(slot).records[tier].take();
+            let mut places: Vec<(u32, u32)> = records.iter().map(|&(_, id)| self.tree.locate(id)).collect();
+            places.sort_unstable();
+            places.dedup();
+            let mut i = 0;
+            while i < places.len() {
+                let (run, a) = places[i];
+                let mut b = a + 1;
+                while i + 1 < places.len() && places[i + 1] == (run, b) {
+                    b += 1;
+                    i += 1;
                 }
+                self.tree.mark(shared, run, Holder { tier, group, bit }, a, b, false);
+                touched.insert(run);
+                i += 1;
             }
-            shared.tier_pairs[tier].fetch_sub(records.len() as u64, Ordering::Relaxed);
-            dropped += records.len() as u64;
+            shared.tier_pairs[tier].fetch_sub(places.len() as u64, Ordering::Relaxed);
+            dropped += places.len() as u64;
         }
         self.pairs -= dropped;
         shared.budget.release_pairs(dropped);
-        let st = self.state(slot);
-        st.detached = 0;
-        st.aliases = FxHashMap::default();
+        self.state(slot).aliases = FxHashMap::default();
+        self.trim_all(shared, touched);
         dropped
     }
 
@@ -588,5 +496,32 @@ impl Writer {
             })
             .sum::<usize>()
             + self.workers.capacity() * std::mem::size_of::<Option<WorkerState>>()
+    }
+
+    /// Checks that every worker's bits say exactly what its records say, and
+    /// the tree's own bookkeeping; returns the live blocks.
+    pub(crate) fn check(&self, shared: &Shared) -> u64 {
+        let blocks = self.tree.check(shared);
+        let mut pairs = 0u64;
+        for (slot, st) in self.workers.iter().enumerate() {
+            let Some(st) = st else { continue };
+            let (group, bit) = split(slot as u32);
+            for tier in 0..4 {
+                let mut named: Vec<(u32, u32)> = st.records[tier].iter().map(|(_, id)| self.tree.locate(id)).collect();
+                named.sort_unstable();
+                named.dedup();
+                let mut held = Vec::new();
+                for run in self.tree.live_runs() {
+                    let len = self.tree.len(shared, run);
+                    if let Some(m) = self.tree.members(shared, run, tier) {
+                        held.extend((0..len).filter(|&o| m.holds(group, bit, o)).map(|o| (run, o)));
+                    }
+                }
+                assert_eq!(named, held, "worker {} tier {tier}: records and bits agree", st.id);
+                pairs += named.len() as u64;
+            }
+        }
+        assert_eq!(pairs, self.pairs, "pairs count every (block, worker, tier)");
+        blocks
     }
 }

@@ -67,15 +67,18 @@ pub struct SavedIndex {
 }
 
 impl SavedIndex {
-    /// (block, worker) pairs stored by the events.
+    /// (block, worker) pairs the events leave (a dump removes the stand-in
+    /// ancestors it stored).
     pub fn pairs(&self) -> u64 {
-        self.events
-            .iter()
-            .map(|e| match &e.kind {
-                EventKind::Stored { blocks, .. } => blocks.len() as u64,
-                _ => 0,
-            })
-            .sum()
+        let (mut stored, mut removed) = (0u64, 0u64);
+        for e in &self.events {
+            match &e.kind {
+                EventKind::Stored { blocks, .. } => stored += blocks.len() as u64,
+                EventKind::Removed { engine_hashes } => removed += engine_hashes.len() as u64,
+                EventKind::Cleared => {}
+            }
+        }
+        stored.saturating_sub(removed)
     }
 }
 

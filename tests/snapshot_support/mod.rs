@@ -54,6 +54,13 @@ pub fn held(dump: &Value, key: &str, instance: u64, rank: u32) -> Tiers {
             "disk" => 2,
             _ => 3,
         };
+        // Applied in order: a dump may store stand-in ancestors and remove them again.
+        if let Some(removed) = ev["event"]["data"]["removed"]["block_hashes"].as_array() {
+            for h in removed {
+                out[tier].remove(&h.as_u64().unwrap());
+            }
+            continue;
+        }
         for b in ev["event"]["data"]["stored"]["blocks"].as_array().unwrap() {
             out[tier].insert(b["block_hash"].as_u64().unwrap());
         }
@@ -70,7 +77,14 @@ pub fn facts(dump: &Value) -> BTreeSet<String> {
         for ev in entry["events"].as_array().unwrap() {
             let worker = format!("{}:{}", ev["worker_id"], ev["event"]["dp_rank"]);
             let tier = ev["storage_tier"].as_str().unwrap_or("device").to_string();
-            let stored = &ev["event"]["data"]["stored"];
+            let data = &ev["event"]["data"];
+            if let Some(removed) = data["removed"]["block_hashes"].as_array() {
+                for h in removed {
+                    out.insert(format!("{key} {worker} {tier} removes {h}"));
+                }
+                continue;
+            }
+            let stored = &data["stored"];
             let mut parent = stored["parent_hash"].to_string();
             for b in stored["blocks"].as_array().unwrap() {
                 out.insert(format!("{key} {worker} {tier} {} {} {parent}", b["block_hash"], b["tokens_hash"]));

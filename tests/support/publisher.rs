@@ -579,9 +579,23 @@ impl TestPublisher {
 
     /// Announces every visible block again, parents first, with the tokens
     /// first sent (as an engine re-storing what it holds), `per_batch`
-    /// blocks a batch; returns the number of batches published.
+    /// blocks a batch; returns the number of batches published. Blocks held
+    /// without their prefix cannot be announced to a receiver that lost
+    /// their parents, so they are evicted first.
     pub fn republish_visible(&mut self, per_batch: usize) -> usize {
         let visible = self.visible_truth();
+        let mut evictions = Vec::new();
+        for (tier, (held, seen)) in self.truth.iter().zip(visible.iter()).enumerate() {
+            let hidden: Vec<u64> = held.difference(seen).copied().collect();
+            if !hidden.is_empty() {
+                evictions.push(TestEvent::Removed { tier: StorageTier::ALL[tier], hashes: hidden });
+            }
+        }
+        let mut batches = 0;
+        if !evictions.is_empty() {
+            self.publish(evictions);
+            batches += 1;
+        }
         let mut blocks: Vec<(usize, usize, u64)> = Vec::new();
         for (tier, set) in visible.iter().enumerate() {
             for &h in set {
@@ -597,7 +611,6 @@ impl TestPublisher {
                 hashes: vec![h],
             })
             .collect();
-        let mut batches = 0;
         for chunk in events.chunks(per_batch.max(1)) {
             self.publish(chunk.to_vec());
             batches += 1;

@@ -1,10 +1,9 @@
 //! Compares what a running daemon says with what its engines really hold,
 //! through the API only:
 //!
-//! - `/dump`: the set of (instance, rank, tier, engine hash, local hash) it
-//!   lists must equal the engines' `visible_truth()`. The dump leaves out
-//!   blocks whose prefix the worker does not hold (ARCHITECTURE, "Limits of
-//!   the dump"); `visible_truth` leaves out the same ones.
+//! - `/dump`: the set of (instance, rank, tier, engine hash, local hash) its
+//!   events rebuild must equal every block the engines hold, including
+//!   blocks whose parent the worker no longer holds.
 //! - `/query_by_hash` along the chain of every block an engine holds
 //!   (visible or not): the owner's gpu, cpu and disk depths must be exactly
 //!   those its held blocks give, walking the tiers in query order, and every
@@ -28,7 +27,8 @@ pub type Fact = (u64, u32, usize, u64, u64);
 /// Chains queried per engine at most (spread over its held blocks).
 const CHAINS_PER_ENGINE_MAX: usize = 400;
 
-/// Every block `/dump` lists for the test model.
+/// Every block `/dump` rebuilds for the test model: its events applied in
+/// order (a dump may store stand-in ancestors and remove them again).
 pub fn dump_facts(d: &Daemon) -> BTreeSet<Fact> {
     let (status, dump) = d.get_json("/dump");
     assert_eq!(status, 200, "{dump}");
@@ -39,7 +39,14 @@ pub fn dump_facts(d: &Daemon) -> BTreeSet<Fact> {
             let instance = ev["worker_id"].as_u64().unwrap();
             let rank = ev["event"]["dp_rank"].as_u64().unwrap_or(0) as u32;
             let tier = StorageTier::parse(ev["storage_tier"].as_str().unwrap()).unwrap().index();
-            let blocks = ev["event"]["data"]["stored"]["blocks"].as_array().expect("a dump holds stores only");
+            let data = &ev["event"]["data"];
+            if let Some(removed) = data["removed"]["block_hashes"].as_array() {
+                for h in removed.iter().map(|h| h.as_u64().unwrap()) {
+                    out.retain(|f: &Fact| (f.0, f.1, f.2, f.3) != (instance, rank, tier, h));
+                }
+                continue;
+            }
+            let blocks = data["stored"]["blocks"].as_array().expect("a dump holds stores and removes only");
             for b in blocks {
                 out.insert((
                     instance,
@@ -54,11 +61,11 @@ pub fn dump_facts(d: &Daemon) -> BTreeSet<Fact> {
     out
 }
 
-/// What the dump must list for these engines.
+/// What the dump must rebuild for these engines: every block they hold.
 pub fn truth_facts(engines: &[Engine]) -> BTreeSet<Fact> {
     let mut out = BTreeSet::new();
     for e in engines {
-        for (tier, set) in e.publisher.visible_truth().iter().enumerate() {
+        for (tier, set) in e.publisher.truth().iter().enumerate() {
             for &h in set {
                 let local = *e.publisher.chain_locals(h).last().unwrap();
                 out.insert((e.instance, 0, tier, h, local));

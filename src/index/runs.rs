@@ -1,0 +1,74 @@
+//! Runs: consecutive blocks of one prefix, stored once for every holder.
+//!
+//! A run is a path of blocks at positions `start .. start + len`; it hangs
+//! under one block of another run (or starts at position 0). Its blocks'
+//! chains live in chunks (`blocks`), listed in order by its chunk list; who
+//! holds which of its blocks, per tier, lives in its `Members`. A block
+//! whose parent is the last block of a run is appended to that run, so a
+//! worker that extends its sequence one block per event (decoding) grows a
+//! run rather than making new structures.
+//!
+//! The header is what readers load, all atomics. The writer publishes in an
+//! order readers can rely on: a new block's chain, then any new chunk list
+//! and members, then the length (release). A reader loads the length first
+//! (acquire), so everything up to it is there. Blocks past the length are
+//! held by nobody in the members a reader can see (see `tree`), so a reader
+//! that saw an older, longer length never credits anyone with them.
+
+use super::blocks::{ChunkPages, CHUNK_BLOCKS};
+use super::members::Members;
+use super::pages::{Pages, Zeroable};
+use crossbeam::epoch::Guard;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+
+/// Runs per page of headers.
+pub(crate) const PAGE_RUNS: usize = 256;
+
+/// The chunks of one run, in order; readers see `ids[..]` up to the run's length.
+pub(crate) struct ChunkList {
+    pub ids: Box<[AtomicU32]>,
+}
+
+/// What readers know of a run.
+pub(crate) struct RunHeader {
+    pub start: AtomicU32,
+    pub len: AtomicU32,
+    pub chunks: AtomicPtr<ChunkList>,
+    pub members: [AtomicPtr<Members>; 4],
+}
+
+// SAFETY: atomics and null pointers.
+unsafe impl Zeroable for RunHeader {}
+
+pub(crate) type RunPages = Pages<RunHeader, PAGE_RUNS>;
+
+/// One reader's view of a run: its length and the structures up to it.
+pub(crate) struct RunView<'g> {
+    pub start: u32,
+    pub len: u32,
+    chunks: Option<&'g ChunkList>,
+    pub members: [Option<&'g Members>; 4],
+}
+
+impl RunHeader {
+    /// Loads the run in the order the writer publishes it.
+    #[inline]
+    pub(crate) fn view<'g>(&self, guard: &'g Guard) -> RunView<'g> {
+        let len = self.len.load(Ordering::Acquire);
+        let start = self.start.load(Ordering::Acquire);
+        let _ = guard;
+        // SAFETY: lists and members are freed through epochs only, and `guard` is pinned.
+        let chunks = unsafe { self.chunks.load(Ordering::Acquire).as_ref() };
+        let members = std::array::from_fn(|t| unsafe { self.members[t].load(Ordering::Acquire).as_ref() });
+        RunView { start, len, chunks, members }
+    }
+}
+
+impl RunView<'_> {
+    /// The chain of the block at `offset` (< len); None if the view is torn.
+    #[inline]
+    pub(crate) fn chain(&self, pages: &ChunkPages, offset: u32, guard: &Guard) -> Option<u64> {
+        let id = self.chunks?.ids.get(offset as usize / CHUNK_BLOCKS)?.load(Ordering::Relaxed);
+        Some(pages.get(id, guard)?.chain(offset as usize % CHUNK_BLOCKS))
+    }
+}

@@ -1,0 +1,463 @@
+//! The shape of the index: runs, their blocks and who holds them, changed
+//! by the writer only.
+//!
+//! Blocks form a tree of prefixes cut into runs. A block is found from its
+//! parent: the next block of the parent's run, or the first block of a run
+//! hanging under the parent (looked up by chain in `Starts`). Every block
+//! exists once, whoever holds it, in whatever tier: a store that follows
+//! existing blocks only sets its worker's bits.
+//!
+//! Reclaiming: a run keeps its blocks up to the last one anybody holds or
+//! a child run hangs under; blocks past that are cut at once (and their
+//! chunks freed), and a run with no block held and no child goes, then its
+//! parent run is looked at the same way. Members keep a segment of nobody
+//! from the cut on, so a reader that still sees the old length credits
+//! nobody with the cut blocks.
+
+use super::blocks::{ChunkAlloc, ChunkOwner, ChunkPages, CHUNK_BLOCKS, NIL};
+use super::budget::Budget;
+use super::members::{self, Change, Members};
+use super::runs::{ChunkList, RunHeader, RunPages, PAGE_RUNS};
+use super::slots::PublishedSlots;
+use super::starts::Starts;
+use crossbeam::epoch;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Most runs one index can hold.
+pub(crate) const RUNS_MAX: u32 = 1 << 28;
+
+/// Everything queries read.
+pub(crate) struct Shared {
+    pub runs: RunPages,
+    pub chunks: ChunkPages,
+    pub starts: Starts,
+    pub slots: PublishedSlots,
+    /// Live (block, worker) pairs per tier; queries skip empty lower tiers.
+    pub tier_pairs: [AtomicU64; 4],
+    pub depth_max: usize,
+    /// Pairs and entries every index of the daemon may hold (see `budget`).
+    pub budget: Arc<Budget>,
+}
+
+/// The writer's own facts about a run.
+#[derive(Default)]
+struct RunInfo {
+    /// The block this run hangs under; NIL when it starts at position 0.
+    parent: u32,
+    /// Runs hanging under this run's blocks: (offset of the block, run).
+    children: Vec<(u32, u32)>,
+    live: bool,
+}
+
+/// Who a new block is for: tier, group, bit.
+#[derive(Clone, Copy)]
+pub(crate) struct Holder {
+    pub tier: usize,
+    pub group: u32,
+    pub bit: u64,
+}
+
+/// The writer's side of the shape.
+#[derive(Default)]
+pub(crate) struct Tree {
+    info: Vec<RunInfo>,
+    free_runs: Vec<u32>,
+    alloc: ChunkAlloc,
+    /// Live blocks (the budget's entries).
+    entries: u64,
+    live_runs: u64,
+    /// Bytes of chunk lists and members now published.
+    side_bytes: usize,
+}
+
+fn list_bytes(cap: usize) -> usize {
+    std::mem::size_of::<ChunkList>() + cap * 4
+}
+
+/// Frees a published value once no reader can hold it.
+fn retire<T: Send + 'static>(p: *mut T) {
+    if p.is_null() {
+        return;
+    }
+    let guard = epoch::pin();
+    // SAFETY: the pointer was unlinked by the caller; readers that loaded it are pinned.
+    unsafe { guard.defer_destroy(epoch::Shared::from(p as *const T)) };
+}
+
+impl Tree {
+    pub(crate) fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    pub(crate) fn bytes(&self, shared: &Shared) -> usize {
+        shared.runs.bytes()
+            + shared.chunks.bytes()
+            + shared.starts.bytes()
+            + self.alloc.bytes()
+            + self.side_bytes
+            + self.info.capacity() * std::mem::size_of::<RunInfo>()
+            + self.info.iter().map(|i| i.children.capacity() * 8).sum::<usize>()
+            + self.free_runs.capacity() * 4
+    }
+
+    fn header<'a>(&self, shared: &'a Shared, run: u32) -> &'a RunHeader {
+        shared.runs.at(run)
+    }
+
+    pub(crate) fn len(&self, shared: &Shared, run: u32) -> u32 {
+        self.header(shared, run).len.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn start(&self, shared: &Shared, run: u32) -> u32 {
+        self.header(shared, run).start.load(Ordering::Relaxed)
+    }
+
+    /// The run and offset of block `id`.
+    #[inline]
+    pub(crate) fn locate(&self, id: u32) -> (u32, u32) {
+        let o = self.alloc.owner(id / CHUNK_BLOCKS as u32);
+        (o.run, o.index * CHUNK_BLOCKS as u32 + id % CHUNK_BLOCKS as u32)
+    }
+
+    #[inline]
+    pub(crate) fn chain(&self, shared: &Shared, id: u32) -> u64 {
+        shared.chunks.at(id / CHUNK_BLOCKS as u32).chain(id as usize % CHUNK_BLOCKS)
+    }
+
+    /// Position of block `id` in its prefix.
+    pub(crate) fn position(&self, shared: &Shared, id: u32) -> u32 {
+        let (run, off) = self.locate(id);
+        self.start(shared, run) + off
+    }
+
+    /// The id of the block at `offset` of `run`.
+    #[inline]
+    pub(crate) fn block_at(&self, shared: &Shared, run: u32, offset: u32) -> u32 {
+        let h = self.header(shared, run);
+        // SAFETY: the writer replaces lists; it is the caller.
+        let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
+        let chunk = list.ids[offset as usize / CHUNK_BLOCKS].load(Ordering::Relaxed);
+        chunk * CHUNK_BLOCKS as u32 + offset % CHUNK_BLOCKS as u32
+    }
+
+    /// The parent block of `id` (NIL at position 0).
+    pub(crate) fn parent_of(&self, shared: &Shared, id: u32) -> u32 {
+        let (run, off) = self.locate(id);
+        if off > 0 {
+            self.block_at(shared, run, off - 1)
+        } else {
+            self.info[run as usize].parent
+        }
+    }
+
+    /// Members of `run` in `tier` (writer's view).
+    pub(crate) fn members<'a>(&self, shared: &'a Shared, run: u32, tier: usize) -> Option<&'a Members> {
+        // SAFETY: the writer replaces members; it is the caller.
+        unsafe { self.header(shared, run).members[tier].load(Ordering::Relaxed).as_ref() }
+    }
+
+    /// The existing block with `chain` at `pos` under `parent`, if any.
+    pub(crate) fn next(&self, shared: &Shared, parent: u32, pos: u32, chain: u64) -> Option<u32> {
+        if parent != NIL {
+            let (run, off) = self.locate(parent);
+            if off + 1 < self.len(shared, run) {
+                let id = self.block_at(shared, run, off + 1);
+                if self.chain(shared, id) == chain {
+                    return Some(id);
+                }
+            }
+        }
+        let guard = epoch::pin();
+        let run = shared.starts.get(chain, &guard)?;
+        let ok = (run as usize) < self.info.len()
+            && self.info[run as usize].live
+            && self.info[run as usize].parent == parent
+            && self.start(shared, run) == pos;
+        ok.then(|| self.block_at(shared, run, 0))
+    }
+
+    /// Whether a run already starts with `chain` (then a new run cannot).
+    pub(crate) fn chain_taken(&self, shared: &Shared, chain: u64) -> bool {
+        shared.starts.get(chain, &epoch::pin()).is_some()
+    }
+
+    fn set_members(&mut self, shared: &Shared, run: u32, tier: usize, change: Change) {
+        let Change::Replace(new) = change else { return };
+        if let Some(m) = &new {
+            self.side_bytes += m.bytes();
+        }
+        let new = new.map_or(std::ptr::null_mut(), Box::into_raw);
+        let old = self.header(shared, run).members[tier].swap(new, Ordering::AcqRel);
+        // SAFETY: only the writer publishes members; `old` came from Box::into_raw.
+        if let Some(m) = unsafe { old.as_ref() } {
+            self.side_bytes -= m.bytes();
+        }
+        retire(old);
+    }
+
+    /// Sets or clears the holder's bit over `a..b` of `run` in its tier.
+    pub(crate) fn mark(&mut self, shared: &Shared, run: u32, who: Holder, a: u32, b: u32, on: bool) {
+        let len = self.len(shared, run);
+        let change = members::update(self.members(shared, run, who.tier), who.group, a, b, len, who.bit, on);
+        self.set_members(shared, run, who.tier, change);
+    }
+
+    /// Appends `chains` to `run` (whose last block is their parent), held by
+    /// `holder`; returns the first new block's id, or None when the index is
+    /// out of chunks (nothing is appended then).
+    pub(crate) fn append(&mut self, shared: &Shared, run: u32, chains: &[u64], holder: Holder) -> Option<u32> {
+        let len = self.len(shared, run);
+        let new_len = len + chains.len() as u32;
+        let chunks_needed = (new_len as usize).div_ceil(CHUNK_BLOCKS);
+        let h = self.header(shared, run);
+        // SAFETY: writer only.
+        let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
+        let have = (len as usize).div_ceil(CHUNK_BLOCKS);
+        let mut fresh = Vec::new();
+        for index in have..chunks_needed {
+            match self.alloc.alloc(&shared.chunks, ChunkOwner { run, index: index as u32 }) {
+                Some(c) => fresh.push(c),
+                None => {
+                    for c in fresh {
+                        self.alloc.free(&shared.chunks, c);
+                    }
+                    return None;
+                }
+            }
+        }
+        if chunks_needed > list.ids.len() {
+            // Grow the list by half again, so appends one by one stay cheap.
+            let cap = chunks_needed.max(list.ids.len() + list.ids.len() / 2);
+            let ids: Box<[AtomicU32]> = (0..cap)
+                .map(|i| AtomicU32::new(if i < have { list.ids[i].load(Ordering::Relaxed) } else { NIL }))
+                .collect();
+            for (k, &c) in fresh.iter().enumerate() {
+                ids[have + k].store(c, Ordering::Relaxed);
+            }
+            self.side_bytes += list_bytes(cap);
+            self.side_bytes -= list_bytes(list.ids.len());
+            let old = h.chunks.swap(Box::into_raw(Box::new(ChunkList { ids })), Ordering::AcqRel);
+            retire(old);
+        } else {
+            for (k, &c) in fresh.iter().enumerate() {
+                list.ids[have + k].store(c, Ordering::Release);
+            }
+        }
+        for (k, &chain) in chains.iter().enumerate() {
+            let id = self.block_at(shared, run, len + k as u32);
+            shared.chunks.at(id / CHUNK_BLOCKS as u32).set(id as usize % CHUNK_BLOCKS, chain);
+        }
+        // Nobody but the holder holds the new blocks, in any tier, before they are visible.
+        for tier in 0..4 {
+            let keep = (tier == holder.tier).then_some((holder.group, holder.bit));
+            let change = members::prepare_append(self.members(shared, run, tier), len, keep);
+            self.set_members(shared, run, tier, change);
+        }
+        let change = members::update(
+            self.members(shared, run, holder.tier),
+            holder.group,
+            len,
+            new_len,
+            new_len,
+            holder.bit,
+            true,
+        );
+        self.set_members(shared, run, holder.tier, change);
+        h.len.store(new_len, Ordering::Release);
+        self.entries += chains.len() as u64;
+        Some(self.block_at(shared, run, len))
+    }
+
+    /// A new run of `chains` at `start` under `parent`, held by `holder`;
+    /// returns its first block's id, or None when the index is full.
+    /// The first chain must not start another run (`chain_taken`).
+    pub(crate) fn new_run(
+        &mut self,
+        shared: &Shared,
+        parent: u32,
+        start: u32,
+        chains: &[u64],
+        holder: Holder,
+    ) -> Option<u32> {
+        debug_assert!(!chains.is_empty());
+        let run = match self.free_runs.pop() {
+            Some(r) => r,
+            None if (self.info.len() as u32) < RUNS_MAX => {
+                let r = self.info.len() as u32;
+                self.info.push(RunInfo::default());
+                shared.runs.ensure(r as usize / PAGE_RUNS);
+                r
+            }
+            None => return None,
+        };
+        let chunks_needed = chains.len().div_ceil(CHUNK_BLOCKS);
+        let mut ids = Vec::with_capacity(chunks_needed);
+        for index in 0..chunks_needed {
+            match self.alloc.alloc(&shared.chunks, ChunkOwner { run, index: index as u32 }) {
+                Some(c) => ids.push(c),
+                None => {
+                    for c in ids {
+                        self.alloc.free(&shared.chunks, c);
+                    }
+                    self.free_runs.push(run);
+                    return None;
+                }
+            }
+        }
+        for (k, &chain) in chains.iter().enumerate() {
+            shared.chunks.at(ids[k / CHUNK_BLOCKS]).set(k % CHUNK_BLOCKS, chain);
+        }
+        let h = self.header(shared, run);
+        let list = ChunkList { ids: ids.iter().map(|&c| AtomicU32::new(c)).collect() };
+        self.side_bytes += list_bytes(ids.len());
+        let old = h.chunks.swap(Box::into_raw(Box::new(list)), Ordering::AcqRel);
+        debug_assert!(old.is_null());
+        h.start.store(start, Ordering::Release);
+        let len = chains.len() as u32;
+        let change = members::update(None, holder.group, 0, len, len, holder.bit, true);
+        self.set_members(shared, run, holder.tier, change);
+        h.len.store(len, Ordering::Release);
+        self.info[run as usize] = RunInfo { parent, children: Vec::new(), live: true };
+        if parent != NIL {
+            let (p, off) = self.locate(parent);
+            self.info[p as usize].children.push((off, run));
+        }
+        shared.starts.insert(chains[0], run);
+        self.entries += chains.len() as u64;
+        self.live_runs += 1;
+        Some(ids[0] * CHUNK_BLOCKS as u32)
+    }
+
+    /// Cuts `run` after its last held or parent block, frees it when nothing
+    /// is left, and looks at its parent run the same way.
+    pub(crate) fn trim(&mut self, shared: &Shared, mut run: u32) {
+        loop {
+            let len = self.len(shared, run);
+            let held = (0..4).map(|t| self.members(shared, run, t).map_or(0, |m| m.held_end(len))).max().unwrap_or(0);
+            if held == len {
+                return;
+            }
+            let info = &self.info[run as usize];
+            let keep = info.children.iter().map(|&(off, _)| off + 1).max().unwrap_or(0).max(held);
+            if keep == len {
+                return;
+            }
+            if keep > 0 {
+                self.cut(shared, run, keep);
+                return;
+            }
+            let parent = info.parent;
+            self.free_run(shared, run);
+            if parent == NIL {
+                return;
+            }
+            run = self.locate(parent).0;
+        }
+    }
+
+    fn cut(&mut self, shared: &Shared, run: u32, keep: u32) {
+        let h = self.header(shared, run);
+        let len = h.len.load(Ordering::Relaxed);
+        // Nobody holds a block past `keep`, and the members say so past the
+        // end too, so readers that still use the old length credit nobody.
+        h.len.store(keep, Ordering::Release);
+        // SAFETY: writer only.
+        let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
+        for index in (keep as usize).div_ceil(CHUNK_BLOCKS)..(len as usize).div_ceil(CHUNK_BLOCKS) {
+            let c = list.ids[index].swap(NIL, Ordering::Relaxed);
+            self.alloc.free(&shared.chunks, c);
+        }
+        let gone = (len - keep) as u64;
+        self.entries -= gone;
+        shared.budget.release_entries(gone);
+    }
+
+    fn free_run(&mut self, shared: &Shared, run: u32) {
+        let h = self.header(shared, run);
+        let len = h.len.load(Ordering::Relaxed);
+        let first = self.chain(shared, self.block_at(shared, run, 0));
+        h.len.store(0, Ordering::Release);
+        let removed = shared.starts.remove(first);
+        debug_assert!(removed, "run {run} was listed by its first chain");
+        let list = h.chunks.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: writer only; the list came from Box::into_raw.
+        for id in unsafe { &*list }.ids.iter() {
+            let c = id.load(Ordering::Relaxed);
+            if c != NIL {
+                self.alloc.free(&shared.chunks, c);
+            }
+        }
+        self.side_bytes -= list_bytes(unsafe { &*list }.ids.len());
+        retire(list);
+        for tier in 0..4 {
+            self.set_members(shared, run, tier, Change::Replace(None));
+        }
+        let parent = self.info[run as usize].parent;
+        if parent != NIL {
+            let p = self.locate(parent).0;
+            let siblings = &mut self.info[p as usize].children;
+            let i = siblings.iter().position(|&(_, r)| r == run).expect("listed under its parent");
+            siblings.swap_remove(i);
+        }
+        self.info[run as usize] = RunInfo::default();
+        self.free_runs.push(run);
+        self.entries -= len as u64;
+        self.live_runs -= 1;
+        shared.budget.release_entries(len as u64);
+    }
+
+    pub(crate) fn is_live(&self, run: u32) -> bool {
+        self.info.get(run as usize).is_some_and(|i| i.live)
+    }
+
+    /// Every live run (for dumps, checks and clears).
+    pub(crate) fn live_runs(&self) -> impl Iterator<Item = u32> + '_ {
+        self.info.iter().enumerate().filter(|(_, i)| i.live).map(|(r, _)| r as u32)
+    }
+
+    /// Debug check: the blocks of every live run add up to the entries, and
+    /// every run is listed under its parent and by its first chain.
+    pub(crate) fn check(&self, shared: &Shared) -> u64 {
+        let mut blocks = 0;
+        let guard = epoch::pin();
+        for run in self.live_runs() {
+            let len = self.len(shared, run);
+            assert!(len > 0, "a live run has blocks");
+            blocks += len as u64;
+            let first = self.chain(shared, self.block_at(shared, run, 0));
+            assert_eq!(shared.starts.get(first, &guard), Some(run), "run {run} found by its first chain");
+            let parent = self.info[run as usize].parent;
+            if parent != NIL {
+                let (p, off) = self.locate(parent);
+                assert!(self.info[p as usize].children.contains(&(off, run)), "run {run} listed under its parent");
+                assert_eq!(self.start(shared, run), self.start(shared, p) + off + 1);
+            }
+        }
+        assert_eq!(blocks, self.entries, "entries count every live block");
+        assert_eq!(shared.starts.len() as u64, self.live_runs, "one start per live run");
+        blocks
+    }
+}
+
+impl Tree {
+    /// Frees what live runs' headers own; the index is going away, so no
+    /// reader is left.
+    pub(crate) fn release_all(&mut self, shared: &Shared) {
+        for run in self.live_runs().collect::<Vec<_>>() {
+            let h = shared.runs.at(run);
+            let list = h.chunks.swap(std::ptr::null_mut(), Ordering::Relaxed);
+            if !list.is_null() {
+                // SAFETY: came from Box::into_raw; no reader is left.
+                drop(unsafe { Box::from_raw(list) });
+            }
+            for m in &h.members {
+                let m = m.swap(std::ptr::null_mut(), Ordering::Relaxed);
+                if !m.is_null() {
+                    // SAFETY: as above.
+                    drop(unsafe { Box::from_raw(m) });
+                }
+            }
+        }
+    }
+}
