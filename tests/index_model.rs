@@ -253,3 +253,42 @@ fn random_streams_match_the_model_extra_seeds() {
         run(seed, 3000, 8 + (i % 5) * 30, 1 + (i % 7) as usize);
     }
 }
+
+/// Writers of different workers apply at once (they share content, so they
+/// meet in the same runs); each worker's events stay in order, so the end
+/// state is the model's whatever the interleaving.
+#[test]
+fn concurrent_writers_reach_the_models_state() {
+    for seed in 1..=4u64 {
+        let workers: Vec<WorkerId> = (0..24).map(|i| WorkerId::new(i, 0)).collect();
+        // Each writer thread owns the workers k, k + 4, ...: per-worker streams from the model.
+        let mut rng = Rng(seed * 0x2545_F491);
+        let mut model = Model::default();
+        let mut next_hash = 0u64;
+        let mut streams: Vec<Vec<Event>> = vec![Vec::new(); 4];
+        for _ in 0..6000 {
+            let e = random_event(&mut rng, &model, &workers, &mut next_hash);
+            model.apply(&e);
+            streams[e.worker.instance_id as usize % 4].push(e);
+        }
+        let ix = std::sync::Arc::new(Index::new(IndexConfig { jump: 3, ..IndexConfig::new(4) }));
+        let threads: Vec<_> = streams
+            .into_iter()
+            .map(|s| {
+                let ix = ix.clone();
+                std::thread::spawn(move || {
+                    for e in &s {
+                        ix.apply(e);
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        ix.check_consistency();
+        assert_eq!(ix.stats().pairs, model.pairs(), "seed {seed}: pairs");
+        for _ in 0..400 {
+            let q = random_query(&mut rng);
+            assert_eq!(sorted(ix.find_matches(&q).workers), model.find(&q), "seed {seed}: query {q:?}");
+        }
+    }
+}

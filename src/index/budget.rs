@@ -9,7 +9,7 @@
 //! few pairs; the same cap bounds them too, which makes the bound on the
 //! index's memory real.
 //!
-//! Each stored pair costs one compare-and-swap on a shared counter; the
+//! Stored pairs cost one compare-and-swap on a shared counter per batch; the
 //! counters never pass the cap, so a reader of the gauge sees at most the cap.
 //! The index refuses a store that would pass it (see `Writer::store`): the
 //! refused block and the rest of its event are counted as shed and never
@@ -52,18 +52,38 @@ impl Budget {
         self.entries.load(Ordering::Relaxed)
     }
 
+    #[cfg(test)]
     fn take(counter: &AtomicU64, max: u64) -> bool {
         counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < max).then_some(n + 1)).is_ok()
     }
 
+    fn take_up_to(counter: &AtomicU64, max: u64, n: u64) -> u64 {
+        match counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| (c < max).then(|| c + n.min(max - c))) {
+            Ok(before) => n.min(max - before),
+            Err(_) => 0,
+        }
+    }
+
     /// Takes room for one pair; false when the cap is reached.
+    #[cfg(test)]
     pub(crate) fn take_pair(&self) -> bool {
         Self::take(&self.pairs, self.pairs_max)
     }
 
+    /// Takes room for up to `n` pairs in one step; returns how many it got.
+    pub(crate) fn take_pairs(&self, n: u64) -> u64 {
+        Self::take_up_to(&self.pairs, self.pairs_max, n)
+    }
+
     /// Takes room for one entry; false when the cap is reached.
+    #[cfg(test)]
     pub(crate) fn take_entry(&self) -> bool {
         Self::take(&self.entries, self.pairs_max)
+    }
+
+    /// Takes room for up to `n` entries in one step; returns how many it got.
+    pub(crate) fn take_entries(&self, n: u64) -> u64 {
+        Self::take_up_to(&self.entries, self.pairs_max, n)
     }
 
     pub(crate) fn release_pairs(&self, n: u64) {
@@ -97,6 +117,10 @@ mod tests {
         assert!(b.take_entry() && b.take_entry() && b.take_entry() && !b.take_entry());
         b.release_entries(1);
         assert_eq!(b.entries(), 2);
+        assert_eq!(b.take_entries(5), 1, "a batch gets what is left");
+        assert_eq!(b.take_entries(5), 0);
+        b.release_pairs(3);
+        assert_eq!(b.take_pairs(2), 2);
     }
 
     #[test]

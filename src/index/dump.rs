@@ -17,7 +17,7 @@
 use super::blocks::NIL;
 use super::chain;
 use super::tree::{Shared, Tree};
-use super::writer::Writer;
+use super::workers::WorkerState;
 use crate::event::{Event, EventKind, StorageTier, StoredBlock};
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -85,73 +85,69 @@ impl Emitter<'_> {
     }
 }
 
-pub(crate) fn dump(writer: &Writer, shared: &Shared) -> Vec<Event> {
-    let tree = &writer.tree;
-    let mut events = Vec::new();
-    for state in writer.workers.iter().flatten() {
-        let mut blocks: Vec<(u32, usize, u64, u32)> = Vec::new();
-        let mut used: FxHashSet<u64> = FxHashSet::default();
-        for (tier, records) in state.records.iter().enumerate() {
-            for (hash, id) in records.iter() {
-                blocks.push((tree.position(shared, id), tier, hash, id));
-                used.insert(hash);
-            }
+/// The events that rebuild one worker's blocks.
+pub(crate) fn dump_worker(tree: &Tree, shared: &Shared, state: &WorkerState) -> Vec<Event> {
+    let mut blocks: Vec<(u32, usize, u64, u32)> = Vec::new();
+    let mut used: FxHashSet<u64> = FxHashSet::default();
+    for (tier, records) in state.records.iter().enumerate() {
+        for (hash, id) in records.iter() {
+            blocks.push((tree.position(shared, id), tier, hash, id));
+            used.insert(hash);
         }
-        // Parents first; device first within a position so lower tiers can hang off it.
-        blocks.sort_unstable_by_key(|&(pos, tier, hash, _)| (pos, tier, hash));
-        let mut known = Known::default();
-        let mut stand_ins: [Vec<u64>; 4] = Default::default();
-        let mut e = Emitter { tree, shared, events: Vec::new(), open: FxHashMap::default(), worker: state.id };
-        let mut next_stand_in = 0u64;
-        for (_, tier, hash, id) in blocks {
-            let parent = tree.parent_of(shared, id);
-            let parent_hash = if parent == NIL {
-                None
-            } else {
-                match known.name(tier, parent) {
-                    Some(h) => Some(h),
-                    None => {
-                        // Ancestors the worker does not hold here, up to one it does (or the root).
-                        let mut missing = vec![parent];
-                        let mut top = None;
-                        let mut a = tree.parent_of(shared, parent);
-                        while a != NIL {
-                            if let Some(h) = known.name(tier, a) {
-                                top = Some(h);
-                                break;
-                            }
-                            missing.push(a);
-                            a = tree.parent_of(shared, a);
-                        }
-                        let mut above = top;
-                        for &m in missing.iter().rev() {
-                            let h = loop {
-                                next_stand_in += 1;
-                                // From content, not ids, so equal indexes dump equal events.
-                                let h = (tree.chain(shared, m) ^ (tier as u64) << 61)
-                                    .wrapping_add(next_stand_in.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                                if used.insert(h) {
-                                    break h;
-                                }
-                            };
-                            e.emit(tier, above, h, m);
-                            known.learn(tier, h, m);
-                            stand_ins[tier].push(h);
-                            above = Some(h);
-                        }
-                        above
-                    }
-                }
-            };
-            e.emit(tier, parent_hash, hash, id);
-            known.learn(tier, hash, id);
-        }
-        for (tier, hashes) in stand_ins.into_iter().enumerate() {
-            if !hashes.is_empty() {
-                e.events.push(Event::removed(state.id, StorageTier::ALL[tier], hashes));
-            }
-        }
-        events.append(&mut e.events);
     }
-    events
+    // Parents first; device first within a position so lower tiers can hang off it.
+    blocks.sort_unstable_by_key(|&(pos, tier, hash, _)| (pos, tier, hash));
+    let mut known = Known::default();
+    let mut stand_ins: [Vec<u64>; 4] = Default::default();
+    let mut e = Emitter { tree, shared, events: Vec::new(), open: FxHashMap::default(), worker: state.id };
+    let mut next_stand_in = 0u64;
+    for (_, tier, hash, id) in blocks {
+        let parent = tree.parent_of(shared, id);
+        let parent_hash = if parent == NIL {
+            None
+        } else {
+            match known.name(tier, parent) {
+                Some(h) => Some(h),
+                None => {
+                    // Ancestors the worker does not hold here, up to one it does (or the root).
+                    let mut missing = vec![parent];
+                    let mut top = None;
+                    let mut a = tree.parent_of(shared, parent);
+                    while a != NIL {
+                        if let Some(h) = known.name(tier, a) {
+                            top = Some(h);
+                            break;
+                        }
+                        missing.push(a);
+                        a = tree.parent_of(shared, a);
+                    }
+                    let mut above = top;
+                    for &m in missing.iter().rev() {
+                        let h = loop {
+                            next_stand_in += 1;
+                            // From content, not ids, so equal indexes dump equal events.
+                            let h = (tree.chain(shared, m) ^ (tier as u64) << 61)
+                                .wrapping_add(next_stand_in.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                            if used.insert(h) {
+                                break h;
+                            }
+                        };
+                        e.emit(tier, above, h, m);
+                        known.learn(tier, h, m);
+                        stand_ins[tier].push(h);
+                        above = Some(h);
+                    }
+                    above
+                }
+            }
+        };
+        e.emit(tier, parent_hash, hash, id);
+        known.learn(tier, hash, id);
+    }
+    for (tier, hashes) in stand_ins.into_iter().enumerate() {
+        if !hashes.is_empty() {
+            e.events.push(Event::removed(state.id, StorageTier::ALL[tier], hashes));
+        }
+    }
+    e.events
 }

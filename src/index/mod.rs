@@ -27,17 +27,19 @@ mod runs;
 mod slots;
 mod starts;
 mod tree;
+mod workers;
 mod writer;
 
 pub use budget::Budget;
 
 use crate::event::{Event, EventKind, WorkerId};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use slots::PublishedSlots;
 use std::cell::RefCell;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tree::Shared;
-use writer::Writer;
+use tree::{Shared, Tree};
+use workers::{WorkerState, Workers};
 
 /// Default positions skipped per jump; see the benchmark in README.
 pub const JUMP_DEFAULT: usize = 32;
@@ -133,7 +135,11 @@ pub struct Index {
     block_size: u32,
     jump: usize,
     shared: Shared,
-    writer: Mutex<Writer>,
+    /// The shape: runs, blocks and members. Held only while an event
+    /// changes it; queries never take it (but as a last resort).
+    tree: Mutex<Tree>,
+    /// Worker slots; each worker's state has a lock of its own.
+    workers: RwLock<Workers>,
 }
 
 thread_local! {
@@ -151,11 +157,13 @@ impl Index {
                 chunks: pages::Pages::new(),
                 starts: starts::Starts::new(),
                 slots: PublishedSlots::new(),
+                pairs: Default::default(),
                 tier_pairs: Default::default(),
                 depth_max,
                 budget: cfg.budget,
             },
-            writer: Mutex::new(Writer::default()),
+            tree: Mutex::new(Tree::default()),
+            workers: RwLock::new(Workers::default()),
         }
     }
 
@@ -163,63 +171,87 @@ impl Index {
         self.block_size
     }
 
-    /// Applies one event. Events of one worker must be applied in order.
-    pub fn apply(&self, event: &Event) -> ApplyOutcome {
-        let mut w = self.writer.lock();
-        // Pinned once here; nested pins in the writer are nearly free.
-        let _guard = crossbeam::epoch::pin();
-        Self::apply_locked(&mut w, &self.shared, event)
+    fn ctx(&self) -> writer::Ctx<'_> {
+        writer::Ctx { shared: &self.shared, tree: &self.tree }
     }
 
-    /// Applies events in order under one writer lock, reporting each
-    /// event's outcome to `seen`. Readers still see each event whole.
-    pub fn apply_all(&self, events: &[Event], mut seen: impl FnMut(&Event, &ApplyOutcome)) {
-        let mut w = self.writer.lock();
+    /// Runs `f` on the worker's state between two bumps of its version;
+    /// None when the worker has no slot (and `place` is false, or the index
+    /// is full).
+    fn with_worker<R>(&self, worker: WorkerId, place: bool, f: impl FnOnce(&mut WorkerState) -> R) -> Option<R> {
+        loop {
+            let found = self.workers.read().lookup(worker);
+            let handle = match found {
+                Some(h) => h,
+                None if place => self.workers.write().place(&self.shared.slots, worker)?,
+                None => return None,
+            };
+            let mut cell = handle.cell.lock();
+            // The slot may have been given to another worker meanwhile: look again.
+            let Some(st) = cell.as_mut().filter(|st| st.id == worker) else { continue };
+            // Readers retry a worker whose version moved while they looked.
+            handle.bump();
+            let r = f(st);
+            handle.bump();
+            return Some(r);
+        }
+    }
+
+    /// Applies one event. Events of one worker must be applied in order.
+    pub fn apply(&self, event: &Event) -> ApplyOutcome {
+        // Pinned once here; nested pins in the writer are nearly free.
         let _guard = crossbeam::epoch::pin();
+        let mut out = ApplyOutcome::default();
+        let ctx = self.ctx();
+        match &event.kind {
+            EventKind::Stored { parent, blocks } => {
+                let done = self.with_worker(event.worker, true, |st| {
+                    writer::store(&ctx, st, event.tier, *parent, blocks, &mut out)
+                });
+                if done.is_none() {
+                    out.rejected = blocks.len() as u32;
+                }
+            }
+            EventKind::Removed { engine_hashes } => {
+                let done = self.with_worker(event.worker, false, |st| {
+                    writer::remove(&ctx, st, event.tier, engine_hashes, &mut out)
+                });
+                if done.is_none() {
+                    out.unknown_removed = engine_hashes.len() as u32;
+                }
+            }
+            EventKind::Cleared => {
+                out.cleared = self.with_worker(event.worker, false, |st| writer::clear(&ctx, st)).unwrap_or(0) as u32;
+            }
+        }
+        out
+    }
+
+    /// Applies events in order, reporting each event's outcome to `seen`.
+    /// Readers see each event whole.
+    pub fn apply_all(&self, events: &[Event], mut seen: impl FnMut(&Event, &ApplyOutcome)) {
         for e in events {
-            let o = Self::apply_locked(&mut w, &self.shared, e);
+            let o = self.apply(e);
             seen(e, &o);
         }
     }
 
-    fn apply_locked(w: &mut Writer, shared: &Shared, event: &Event) -> ApplyOutcome {
-        let mut out = ApplyOutcome::default();
-        let slot = match &event.kind {
-            EventKind::Stored { blocks, .. } => match w.slot(shared, event.worker) {
-                Some(s) => s,
-                None => {
-                    out.rejected = blocks.len() as u32;
-                    return out;
-                }
-            },
-            EventKind::Removed { engine_hashes } => match w.slot_of(event.worker) {
-                Some(s) => s,
-                None => {
-                    out.unknown_removed = engine_hashes.len() as u32;
-                    return out;
-                }
-            },
-            EventKind::Cleared => match w.slot_of(event.worker) {
-                Some(s) => s,
-                None => return out,
-            },
-        };
-        // Readers retry a worker whose version moved while they looked.
-        w.bump(slot);
-        match &event.kind {
-            EventKind::Stored { parent, blocks } => {
-                w.store(shared, event.worker, event.tier, *parent, blocks, &mut out)
-            }
-            EventKind::Removed { engine_hashes } => w.remove(shared, event.worker, event.tier, engine_hashes, &mut out),
-            EventKind::Cleared => out.cleared = w.clear(shared, event.worker) as u32,
-        }
-        w.bump(slot);
-        out
-    }
-
     /// Drops every block of `worker` and forgets it; false if unknown.
     pub fn remove_worker(&self, worker: WorkerId) -> bool {
-        self.writer.lock().remove_worker(&self.shared, worker)
+        let ctx = self.ctx();
+        let cleared = self.with_worker(worker, false, |st| {
+            writer::clear(&ctx, st);
+            st.id = WorkerId::new(u64::MAX, u32::MAX);
+        });
+        if cleared.is_none() {
+            return false;
+        }
+        let mut workers = self.workers.write();
+        if let Some(h) = workers.lookup(worker) {
+            *h.cell.lock() = None;
+        }
+        workers.release(&self.shared.slots, worker);
+        true
     }
 
     /// Depths of every worker for a query given as the local hashes of its blocks.
@@ -227,51 +259,70 @@ impl Index {
         CHAIN_SCRATCH.with(|s| {
             let mut chains = s.borrow_mut();
             let mut chains = chain::Chains::new(local_hashes, &mut chains);
-            query::find(&self.shared, &mut chains, self.jump, || self.writer.lock())
+            query::find(&self.shared, &mut chains, self.jump, || self.tree.lock())
         })
     }
 
     /// Events that rebuild this index exactly, per worker, parents first.
+    /// Each worker's events are one state of that worker.
     pub fn dump_events(&self) -> Vec<Event> {
-        let w = self.writer.lock();
-        dump::dump(&w, &self.shared)
+        let cells = self.workers.read().cells();
+        let mut events = Vec::new();
+        for cell in cells {
+            let st = cell.lock();
+            if let Some(st) = st.as_ref() {
+                let tree = self.tree.lock();
+                events.extend(dump::dump_worker(&tree, &self.shared, st));
+            }
+        }
+        events
     }
 
     /// Workers that have a slot in this index.
     pub fn workers(&self) -> Vec<WorkerId> {
-        let mut v: Vec<WorkerId> = self.writer.lock().slot_of.keys().copied().collect();
-        v.sort_unstable();
-        v
+        self.workers.read().ids()
     }
 
     pub fn stats(&self) -> IndexStats {
-        let w = self.writer.lock();
+        let (cells, workers, slot_bytes) = {
+            let w = self.workers.read();
+            (w.cells(), w.len(), w.bytes())
+        };
+        let records: usize = cells.iter().map(|c| c.lock().as_ref().map_or(0, WorkerState::bytes)).sum();
+        let tree = self.tree.lock();
         IndexStats {
-            entries: w.tree.entries(),
-            pairs: w.pairs,
-            bytes: (std::mem::size_of::<Index>() + w.tree.bytes(&self.shared) + w.records_bytes()) as u64,
-            workers: w.slot_of.len() as u64,
+            entries: tree.entries(),
+            pairs: self.shared.pairs.load(Ordering::Relaxed),
+            bytes: (std::mem::size_of::<Index>() + tree.bytes(&self.shared) + records + slot_bytes) as u64,
+            workers: workers as u64,
         }
     }
 
     /// Checks every invariant of the layout (runs listed by their first
     /// chain and under their parents, entries counted, each worker's bits
     /// equal to its records) and panics on a breach; returns the entries.
-    /// For tests: it walks the whole index.
+    /// For tests: it walks the whole index, with every lock held.
     #[doc(hidden)]
     pub fn check_consistency(&self) -> u64 {
-        let w = self.writer.lock();
-        w.check(&self.shared)
+        let workers = self.workers.write();
+        let cells = workers.cells();
+        let states: Vec<_> = cells.iter().map(|c| c.lock()).collect();
+        let tree = self.tree.lock();
+        let blocks = tree.check(&self.shared);
+        let pairs: u64 =
+            states.iter().filter_map(|s| s.as_ref()).map(|st| writer::check_worker(&tree, &self.shared, st)).sum();
+        assert_eq!(pairs, self.shared.pairs.load(Ordering::Relaxed), "pairs count every (block, worker, tier)");
+        blocks
     }
 }
 
 impl Drop for Index {
     fn drop(&mut self) {
         // What this index held is room for the others again.
-        let w = self.writer.get_mut();
-        self.shared.budget.release_pairs(w.pairs);
-        self.shared.budget.release_entries(w.tree.entries());
-        w.tree.release_all(&self.shared);
+        let tree = self.tree.get_mut();
+        self.shared.budget.release_pairs(*self.shared.pairs.get_mut());
+        self.shared.budget.release_entries(tree.entries());
+        tree.release_all(&self.shared);
     }
 }
 

@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     pub chunks: ChunkPages,
     pub starts: Starts,
     pub slots: PublishedSlots,
+    /// Live (block, worker) pairs.
+    pub pairs: AtomicU64,
     /// Live (block, worker) pairs per tier; queries skip empty lower tiers.
     pub tier_pairs: [AtomicU64; 4],
     pub depth_max: usize,
@@ -168,8 +170,8 @@ impl Tree {
                 }
             }
         }
-        let guard = epoch::pin();
-        let run = shared.starts.get(chain, &guard)?;
+        // SAFETY: only the writer frees start tables, and it is the caller.
+        let run = shared.starts.get(chain, unsafe { epoch::unprotected() })?;
         let ok = (run as usize) < self.info.len()
             && self.info[run as usize].live
             && self.info[run as usize].parent == parent
@@ -179,7 +181,8 @@ impl Tree {
 
     /// Whether a run already starts with `chain` (then a new run cannot).
     pub(crate) fn chain_taken(&self, shared: &Shared, chain: u64) -> bool {
-        shared.starts.get(chain, &epoch::pin()).is_some()
+        // SAFETY: as in `next`.
+        shared.starts.get(chain, unsafe { epoch::unprotected() }).is_some()
     }
 
     fn set_members(&mut self, shared: &Shared, run: u32, tier: usize, change: Change) {
@@ -405,6 +408,12 @@ impl Tree {
         self.entries -= len as u64;
         self.live_runs -= 1;
         shared.budget.release_entries(len as u64);
+    }
+
+    /// Whether block `id` is the last of its run.
+    pub(crate) fn is_tail(&self, shared: &Shared, id: u32) -> bool {
+        let (run, off) = self.locate(id);
+        off + 1 == self.len(shared, run)
     }
 
     pub(crate) fn is_live(&self, run: u32) -> bool {

@@ -1,0 +1,153 @@
+//! The workers of one index: ids to dense slots, each slot's writer state
+//! behind a lock of its own, and the versions readers check.
+//!
+//! Slot `s` is bit `s % 64` of group `s / 64`; a worker gets the lowest free
+//! slot. Events of one worker lock only that worker's state (and the tree,
+//! briefly), so writers of different workers work side by side. A slot's
+//! version is odd while an event of its worker is applied; the table that
+//! readers use to name slots is republished on every change.
+
+use super::records::Records;
+use super::slots::{PublishedSlots, SlotTable, Versions, GROUP_BITS, SLOTS_MAX};
+use crate::event::WorkerId;
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What the writer keeps per worker.
+pub(crate) struct WorkerState {
+    pub id: WorkerId,
+    pub slot: u32,
+    /// Per tier, engine hash -> block id: what Removed events name.
+    pub records: [Records; 4],
+    /// Per (tier, block) the worker holds under more than one engine hash
+    /// (rare: engines name one content with one hash), how many extra hashes.
+    pub aliases: FxHashMap<(u8, u32), u32>,
+}
+
+impl WorkerState {
+    /// Bytes of the worker's records and aliases.
+    pub(crate) fn bytes(&self) -> usize {
+        self.records.iter().map(Records::bytes).sum::<usize>()
+            + self.aliases.capacity() * 16
+            + std::mem::size_of::<WorkerState>()
+    }
+}
+
+/// One slot's state: `None` while the slot is free.
+pub(crate) type Cell = Arc<Mutex<Option<WorkerState>>>;
+
+/// A worker found or placed: its slot, state and the slot's versions.
+pub(crate) struct Handle {
+    pub slot: u32,
+    pub cell: Cell,
+    pub versions: Arc<Versions>,
+}
+
+impl Handle {
+    /// Marks the start (odd) or end (even) of an event of this worker.
+    pub(crate) fn bump(&self) {
+        self.versions[(self.slot % GROUP_BITS) as usize].fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Workers {
+    slot_of: FxHashMap<WorkerId, u32>,
+    cells: Vec<Cell>,
+    free_slots: BTreeSet<u32>,
+    versions: Vec<Arc<Versions>>,
+}
+
+impl Workers {
+    pub(crate) fn lookup(&self, worker: WorkerId) -> Option<Handle> {
+        let &slot = self.slot_of.get(&worker)?;
+        Some(self.handle(slot))
+    }
+
+    fn handle(&self, slot: u32) -> Handle {
+        Handle {
+            slot,
+            cell: self.cells[slot as usize].clone(),
+            versions: self.versions[(slot / GROUP_BITS) as usize].clone(),
+        }
+    }
+
+    /// The worker's slot, placing it in the lowest free one; None when full.
+    pub(crate) fn place(&mut self, slots: &PublishedSlots, worker: WorkerId) -> Option<Handle> {
+        if let Some(h) = self.lookup(worker) {
+            return Some(h);
+        }
+        let slot = match self.free_slots.pop_first() {
+            Some(s) => s,
+            None if (self.cells.len() as u32) < SLOTS_MAX => {
+                self.cells.push(Arc::new(Mutex::new(None)));
+                (self.cells.len() - 1) as u32
+            }
+            None => return None,
+        };
+        while self.versions.len() * (GROUP_BITS as usize) < self.cells.len() {
+            self.versions.push(Arc::new(std::array::from_fn(|_| AtomicU64::new(0))));
+        }
+        *self.cells[slot as usize].lock() =
+            Some(WorkerState { id: worker, slot, records: Default::default(), aliases: FxHashMap::default() });
+        self.slot_of.insert(worker, slot);
+        self.publish(slots);
+        Some(self.handle(slot))
+    }
+
+    /// Frees the worker's slot; its state must be cleared and set to None.
+    pub(crate) fn release(&mut self, slots: &PublishedSlots, worker: WorkerId) {
+        let Some(slot) = self.slot_of.remove(&worker) else { return };
+        self.free_slots.insert(slot);
+        while let Some(&last) = self.free_slots.last() {
+            if last as usize + 1 != self.cells.len() {
+                break;
+            }
+            self.free_slots.remove(&last);
+            self.cells.pop();
+        }
+        if self.cells.len() * 4 < self.cells.capacity() {
+            self.cells.shrink_to_fit();
+        }
+        self.publish(slots);
+    }
+
+    fn publish(&self, slots: &PublishedSlots) {
+        let groups = self.cells.len().div_ceil(GROUP_BITS as usize);
+        // Versions are never dropped: a reader holding an older table must see
+        // the same counters the writers bump.
+        let mut table = SlotTable {
+            workers: vec![None; groups * GROUP_BITS as usize],
+            live: vec![0; groups],
+            versions: self.versions[..groups].to_vec(),
+        };
+        for (&id, &slot) in &self.slot_of {
+            table.workers[slot as usize] = Some(id);
+            table.live[(slot / GROUP_BITS) as usize] |= 1 << (slot % GROUP_BITS);
+        }
+        slots.publish(table);
+    }
+
+    /// Every worker, by id.
+    pub(crate) fn ids(&self) -> Vec<WorkerId> {
+        let mut v: Vec<WorkerId> = self.slot_of.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Every slot's state, in slot order.
+    pub(crate) fn cells(&self) -> Vec<Cell> {
+        self.cells.clone()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.cells.capacity() * 8 + self.slot_of.capacity() * 24 + self.versions.len() * (8 * GROUP_BITS as usize)
+    }
+}
