@@ -12,11 +12,18 @@
 //! or sequential numbers, so they are mixed before use.
 
 const EMPTY: u32 = u32::MAX;
-const SLOTS: usize = 5;
+const SLOTS: usize = 10;
 /// Most slots in use, in 1/100ths of all slots, before the table grows.
 const LOAD_MAX_PERCENT: usize = 92;
-/// Growth step, in 1/100ths of the current size.
-const GROW_PERCENT: usize = 112;
+/// Growth step, in 1/100ths of the current size: large, so a table that
+/// fills moves each key about three times in all.
+const GROW_PERCENT: usize = 150;
+/// A settled table is packed so that its peak fills this much (1/100ths).
+const PACK_PERCENT: usize = 88;
+/// A settled table whose peak fills less than this (1/100ths) is packed.
+const LOOSE_PERCENT: usize = 80;
+/// Below this load (1/100ths) a table shrinks.
+const SHRINK_PERCENT: usize = 40;
 /// Displacements one insert may make before the table grows instead.
 const KICKS_MAX: usize = 128;
 
@@ -46,6 +53,11 @@ fn reduce(h: u64, n: usize) -> usize {
 pub(crate) struct Records {
     buckets: Vec<Bucket>,
     len: usize,
+    /// Most keys held since the last rebuild.
+    peak: usize,
+    /// Inserts and removes since the last rebuild: a table that has seen as
+    /// many as it holds keys has settled, and is packed if it is loose.
+    churn: usize,
     /// State of the displacement walk's choices (xorshift).
     rng: u64,
 }
@@ -79,8 +91,12 @@ impl Records {
             return;
         }
         let (a, b) = self.homes(key);
-        prefetch(&self.buckets[a]);
-        prefetch(&self.buckets[b]);
+        for bi in [a, b] {
+            let p = &self.buckets[bi] as *const Bucket as *const u8;
+            prefetch(p);
+            // A bucket is two cache lines; this is its second.
+            prefetch(p.wrapping_add(64));
+        }
     }
 
     #[inline]
@@ -111,8 +127,18 @@ impl Records {
         if let Some((b, s)) = self.position(key) {
             return Some(std::mem::replace(&mut self.buckets[b].ids[s], id));
         }
+        self.insert_new(key, id);
+        None
+    }
+
+    /// Adds `key`, which the caller knows is absent.
+    pub(crate) fn insert_new(&mut self, key: u64, id: u32) {
+        debug_assert!(id != EMPTY && self.position(key).is_none());
         if (self.len + 1) * 100 > self.buckets.len() * SLOTS * LOAD_MAX_PERCENT {
-            self.resize(self.len + 1);
+            let grown = self.buckets.len() * GROW_PERCENT / 100;
+            self.rebuild(grown.max(Self::buckets_for(self.len + 1, 80)));
+        } else {
+            self.settle();
         }
         let (mut key, mut id) = (key, id);
         loop {
@@ -120,24 +146,27 @@ impl Records {
                 None => break,
                 Some((k, i)) => {
                     // The walk gave up: more room, then place the one left over.
-                    self.resize(self.len + 1);
+                    self.rebuild(self.buckets.len() + self.buckets.len() / 16 + 1);
                     (key, id) = (k, i);
                 }
             }
         }
         self.len += 1;
-        None
+        self.peak = self.peak.max(self.len);
     }
 
     /// Places a key known to be absent; on failure returns the key left homeless.
     fn place(&mut self, mut key: u64, mut id: u32) -> Option<(u64, u32)> {
         let (a, b) = self.homes(key);
-        for bi in [a, b] {
-            if let Some(s) = self.buckets[bi].ids.iter().position(|&x| x == EMPTY) {
-                self.buckets[bi].keys[s] = key;
-                self.buckets[bi].ids[s] = id;
-                return None;
-            }
+        // The emptier bucket: balanced buckets rarely both fill, so walks stay rare.
+        let free = |bi: usize| self.buckets[bi].ids.iter().filter(|&&x| x == EMPTY).count();
+        let (fa, fb) = (free(a), free(b));
+        if fa + fb > 0 {
+            let bi = if fa >= fb { a } else { b };
+            let s = self.buckets[bi].ids.iter().position(|&x| x == EMPTY).expect("counted free");
+            self.buckets[bi].keys[s] = key;
+            self.buckets[bi].ids[s] = id;
+            return None;
         }
         let mut bi = a;
         for _ in 0..KICKS_MAX {
@@ -165,21 +194,36 @@ impl Records {
         self.len -= 1;
         if self.len == 0 {
             *self = Records { rng: self.rng, ..Records::default() };
-        } else if self.buckets.len() > 4 && self.len * 100 < self.buckets.len() * SLOTS * 40 {
-            self.resize(self.len);
+        } else if self.buckets.len() > 4 && self.len * 100 < self.buckets.len() * SLOTS * SHRINK_PERCENT {
+            self.rebuild(Self::buckets_for(self.len, 80));
+        } else {
+            self.settle();
         }
         Some(id)
     }
 
-    /// Rebuilds for `len` keys at about 80% load.
-    fn resize(&mut self, len: usize) {
+    /// Packs a table once it has settled (seen as many changes as it holds
+    /// keys since its last rebuild) if even its peak leaves it loose.
+    #[inline]
+    fn settle(&mut self) {
+        self.churn += 1;
+        if self.churn > self.len.max(1024) && self.peak * 100 < self.buckets.len() * SLOTS * LOOSE_PERCENT {
+            self.rebuild(Self::buckets_for(self.peak, PACK_PERCENT));
+        }
+    }
+
+    /// Buckets that hold `len` keys at `load_percent`.
+    fn buckets_for(len: usize, load_percent: usize) -> usize {
+        (len * 100).div_ceil(SLOTS * load_percent).max(2)
+    }
+
+    /// Rebuilds with `buckets` buckets (more if the keys do not fit).
+    fn rebuild(&mut self, mut buckets: usize) {
         if self.rng == 0 {
             self.rng = 0x2545_F491_4F6C_DD1D;
         }
-        let mut buckets = (len * 100).div_ceil(SLOTS * 80).max(2);
-        if len > self.len {
-            buckets = buckets.max(self.buckets.len() * GROW_PERCENT / 100 + 1);
-        }
+        self.churn = 0;
+        self.peak = self.len;
         loop {
             let old = std::mem::replace(&mut self.buckets, vec![EMPTY_BUCKET; buckets]);
             let mut ok = true;
@@ -196,7 +240,7 @@ impl Records {
             }
             // Too tight to place everything (rare): keep the old table and try bigger.
             self.buckets = old;
-            buckets = buckets * GROW_PERCENT / 100 + 1;
+            buckets += buckets / 16 + 1;
         }
     }
 
@@ -214,11 +258,11 @@ impl Records {
 }
 
 #[inline]
-fn prefetch<T>(p: &T) {
+fn prefetch(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetching is a hint and never faults.
     unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const T as *const i8, std::arch::x86_64::_MM_HINT_T0)
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
@@ -257,15 +301,21 @@ mod tests {
     }
 
     #[test]
-    fn stays_well_filled() {
+    fn settles_well_filled() {
         let mut r = Records::default();
+        let key = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         for k in 0..16_384u64 {
-            r.insert(k.wrapping_mul(0x9E37_79B9_7F4A_7C15), k as u32);
+            r.insert(key(k), k as u32);
+        }
+        // An engine at its cache size: blocks evicted as others are stored.
+        for k in 16_384..60_000u64 {
+            r.remove(key(k - 16_384));
+            r.insert(key(k), k as u32);
         }
         let per_pair = r.bytes() as f64 / r.len() as f64;
-        assert!(per_pair < 16.0, "{per_pair:.1} bytes a pair");
-        for k in 0..16_384u64 {
-            assert_eq!(r.get(k.wrapping_mul(0x9E37_79B9_7F4A_7C15)), Some(k as u32));
+        assert!(per_pair < 15.0, "{per_pair:.1} bytes a pair");
+        for k in 60_000 - 16_384..60_000u64 {
+            assert_eq!(r.get(key(k)), Some(k as u32));
         }
     }
 }

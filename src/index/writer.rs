@@ -30,7 +30,7 @@ use std::sync::atomic::Ordering;
 
 const DEVICE: usize = StorageTier::Device as usize;
 /// How many records ahead a batch asks the cache for.
-const PREFETCH_AHEAD: usize = 8;
+const PREFETCH_AHEAD: usize = 16;
 /// Pairs taken from the shared budget at a time while following existing blocks.
 const PAIR_CREDIT: u64 = 64;
 
@@ -350,8 +350,16 @@ fn store_part(
 
     // The records, outside the tree lock.
     let records = &mut st.records[tier];
+    for b in blocks.iter().take(PREFETCH_AHEAD) {
+        records.prefetch(b.engine_hash);
+    }
     for (k, &id) in ids.iter().enumerate() {
-        if previous[k] != id {
+        if let Some(next) = blocks.get(k + PREFETCH_AHEAD) {
+            records.prefetch(next.engine_hash);
+        }
+        if previous[k] == NIL {
+            records.insert_new(blocks[k].engine_hash, id);
+        } else if previous[k] != id {
             records.insert(blocks[k].engine_hash, id);
         }
     }
