@@ -293,8 +293,10 @@ impl Ingest {
 
     /// Closes a listener. Once this returns, nothing more from it reaches
     /// a shard; its watermark is kept for a later registration of the key.
-    /// The worker's blocks stay until `remove_worker`.
-    pub fn remove_listener(&self, id: ListenerId) -> Result<(), IngestError> {
+    /// Returns every dp rank its stream named (the registered one first,
+    /// then ranks its batches overrode it with): the workers it fed, whose
+    /// blocks stay until `remove_worker`.
+    pub fn remove_listener(&self, id: ListenerId) -> Result<Vec<u32>, IngestError> {
         let entry = self.registry.lock().listeners.remove(&id).ok_or(IngestError::UnknownListener(id))?;
         let (done_tx, done_rx) = bounded(1);
         let timeout = Duration::from_millis(CONTROL_TIMEOUT_MS);
@@ -305,19 +307,18 @@ impl Ingest {
         let mut reg = self.registry.lock();
         reg.by_worker.remove(&entry.worker);
         reg.thread_load[entry.thread] -= 1;
-        match outcome {
-            Some(Some(last)) => {
-                if reg.watermarks.len() >= WATERMARKS_KEPT_MAX {
-                    if let Some(&old) = reg.watermarks.keys().next() {
-                        reg.watermarks.remove(&old);
-                    }
+        let Some(removed) = outcome else {
+            return Err(IngestError::Timeout("removing a listener"));
+        };
+        if let Some(last) = removed.last_seq {
+            if reg.watermarks.len() >= WATERMARKS_KEPT_MAX {
+                if let Some(&old) = reg.watermarks.keys().next() {
+                    reg.watermarks.remove(&old);
                 }
-                reg.watermarks.insert(entry.worker, last);
-                Ok(())
             }
-            Some(None) => Ok(()),
-            None => Err(IngestError::Timeout("removing a listener")),
+            reg.watermarks.insert(entry.worker, last);
         }
+        Ok(removed.ranks)
     }
 
     /// Seeds the watermark of `worker`'s next listener, as if an earlier
