@@ -331,8 +331,11 @@ where
 }
 
 fn non_empty(flag: &str, v: String) -> Result<String, CliError> {
+    let max = crate::registry::NAME_BYTES_MAX;
     if v.is_empty() {
         Err(CliError(format!("{flag}: empty name")))
+    } else if v.len() > max {
+        Err(CliError(format!("{flag}: longer than {max} bytes")))
     } else {
         Ok(v)
     }
@@ -423,6 +426,7 @@ mod tests {
             &["--port"],
             &["--snapshot-dir", ""],
             &["--snapshot-interval-s", "-1"],
+            &["--model-name", &"m".repeat(crate::registry::NAME_BYTES_MAX + 1)],
         ] {
             let e = run(args).unwrap_err();
             assert!(!e.0.contains('\n') && !e.0.is_empty(), "{args:?}: {e}");

@@ -20,6 +20,11 @@ use std::time::Instant;
 /// Tenant used when a request names none.
 pub const TENANT_DEFAULT: &str = "default";
 
+/// Longest model name or tenant an index may have, in bytes (and salt a
+/// registration may carry): every path that creates an index checks it, so
+/// every index fits a snapshot.
+pub const NAME_BYTES_MAX: usize = 256;
+
 /// Most (model, tenant) indexes a daemon keeps; an index stays after its
 /// last worker is unregistered (queries keep answering), so this bounds
 /// what churn of model names can leave behind.
@@ -261,6 +266,14 @@ impl Registry {
     ) -> Result<Arc<IndexHandle>, RegistryError> {
         if block_size == 0 {
             return Err(RegistryError::Invalid("block_size must be at least 1".into()));
+        }
+        for (what, name) in [("model name", model_name), ("tenant", tenant_id)] {
+            if name.is_empty() || name.len() > NAME_BYTES_MAX {
+                return Err(RegistryError::Invalid(format!(
+                    "the {what} must be 1..={NAME_BYTES_MAX} bytes, not {}",
+                    name.len()
+                )));
+            }
         }
         let key = (model_name.to_string(), tenant_id.to_string());
         // Creations are serialized so the count check holds; lookups of

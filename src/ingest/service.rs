@@ -16,14 +16,14 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::config::{
-    IngestConfig, BLOCK_SIZE_MAX, CONTROL_QUEUE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, ENDPOINT_LEN_MAX,
-    LISTENERS_MAX,
+    IngestConfig, BLOCK_SIZE_MAX, CONTROL_QUEUE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, LISTENERS_MAX,
 };
 use super::counters::{Counters, IngestCounters};
 use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
 use super::shard::{run_shard, shard_for, ShardMsg};
 use super::sink::EventSink;
 use super::status::{ListenerId, ListenerInfo, ListenerShared};
+use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::WorkerId;
 use crate::wire::SkipCounters;
 
@@ -501,10 +501,10 @@ fn check_spec(spec: &ListenerSpec) -> Result<(), IngestError> {
     }
     let endpoints = std::iter::once(&spec.endpoint).chain(spec.replay_endpoint.as_ref());
     for endpoint in endpoints {
-        if endpoint.is_empty() || endpoint.len() > ENDPOINT_LEN_MAX || endpoint.contains('\0') {
+        if endpoint.is_empty() || endpoint.len() > ADDRESS_BYTES_MAX || endpoint.contains('\0') {
             return Err(IngestError::BadEndpoint {
                 endpoint: endpoint.chars().take(64).collect(),
-                reason: format!("must be 1..={ENDPOINT_LEN_MAX} bytes without NUL"),
+                reason: format!("must be 1..={ADDRESS_BYTES_MAX} bytes without NUL"),
             });
         }
     }
