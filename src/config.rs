@@ -31,15 +31,14 @@ pub struct Config {
     pub writer_threads: usize,
     /// Listener threads. 0: from the core count.
     pub listener_threads: usize,
-    /// Most open HTTP connections (one thread each).
-    pub http_connections_max: usize,
+    /// Connections, body size and request deadlines of the HTTP front.
+    pub http: crate::http::server::HttpLimits,
     pub block_size: Option<u32>,
     pub model_name: String,
     pub tenant_id: String,
     pub workers: Vec<WorkerArg>,
     pub peers: Vec<String>,
     pub replay_timeout_ms: u64,
-    pub body_limit_bytes: usize,
     /// Positions per jump of the index search; 0: the index's default.
     pub jump: usize,
     /// Readiness waits until this many workers are registered.
@@ -69,14 +68,13 @@ impl Default for Config {
             unix_socket: None,
             writer_threads: 0,
             listener_threads: 0,
-            http_connections_max: crate::http::server::CONNECTIONS_MAX,
+            http: crate::http::server::HttpLimits::default(),
             block_size: None,
             model_name: "default".into(),
             tenant_id: "default".into(),
             workers: Vec::new(),
             peers: Vec::new(),
             replay_timeout_ms: 2_000,
-            body_limit_bytes: BODY_LIMIT_BYTES_DEFAULT,
             jump: 0,
             min_initial_workers: 0,
             slow_joiner_ms: 1_000,
@@ -125,6 +123,9 @@ OPTIONS:
   --threads N              writer shards applying events (default: from cores)
   --listener-threads N     threads owning the ZMQ sockets (default: from cores)
   --http-connections-max N most open HTTP connections, one thread each (default 1024)
+  --http-head-timeout-s N  a request head must arrive within N s of its first byte, a new
+                           connection's first within N s of connecting (default 10); else 408
+  --http-body-timeout-s N  a request body must arrive within N s of its head (default 60); else 408
   --block-size N           block size of the --workers index (required with --workers)
   --model-name NAME        model of the --workers index (default \"default\")
   --tenant-id NAME         tenant of the --workers index (default \"default\")
@@ -252,6 +253,8 @@ where
             "--threads",
             "--listener-threads",
             "--http-connections-max",
+            "--http-head-timeout-s",
+            "--http-body-timeout-s",
             "--block-size",
             "--model-name",
             "--tenant-id",
@@ -285,14 +288,16 @@ where
             "--unix-socket" => cfg.unix_socket = Some(PathBuf::from(v)),
             "--threads" => cfg.writer_threads = parse_num(&flag, &v, 1, 1024)?,
             "--listener-threads" => cfg.listener_threads = parse_num(&flag, &v, 1, 1024)?,
-            "--http-connections-max" => cfg.http_connections_max = parse_num(&flag, &v, 1, 65_536)?,
+            "--http-connections-max" => cfg.http.connections_max = parse_num(&flag, &v, 1, 65_536)?,
+            "--http-head-timeout-s" => cfg.http.head_timeout_s = parse_num(&flag, &v, 1, 3_600)?,
+            "--http-body-timeout-s" => cfg.http.body_timeout_s = parse_num(&flag, &v, 1, 3_600)?,
             "--block-size" => cfg.block_size = Some(parse_num(&flag, &v, 1, 1 << 20)?),
             "--model-name" => cfg.model_name = non_empty(&flag, v)?,
             "--tenant-id" => cfg.tenant_id = non_empty(&flag, v)?,
             "--workers" => workers_arg = Some(v),
             "--peers" => cfg.peers = parse_peers(&v)?,
             "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(&flag, &v, 1, 600_000)?,
-            "--body-limit-bytes" => cfg.body_limit_bytes = parse_num(&flag, &v, 1024, 1 << 30)?,
+            "--body-limit-bytes" => cfg.http.body_limit_bytes = parse_num(&flag, &v, 1024, 1 << 30)?,
             "--jump" => cfg.jump = parse_num(&flag, &v, 1, 4096)?,
             "--min-initial-workers" => cfg.min_initial_workers = parse_num(&flag, &v, 0, 1_000_000)?,
             "--slow-joiner-ms" => cfg.slow_joiner_ms = parse_num(&flag, &v, 0, 600_000)?,
@@ -326,8 +331,11 @@ where
 }
 
 fn non_empty(flag: &str, v: String) -> Result<String, CliError> {
+    let max = crate::registry::NAME_BYTES_MAX;
     if v.is_empty() {
         Err(CliError(format!("{flag}: empty name")))
+    } else if v.len() > max {
+        Err(CliError(format!("{flag}: longer than {max} bytes")))
     } else {
         Ok(v)
     }
@@ -378,6 +386,32 @@ mod tests {
     }
 
     #[test]
+    fn http_flags_parse() {
+        assert_eq!(run(&[]).unwrap().http, crate::http::server::HttpLimits::default());
+        let c = run(&[
+            "--http-connections-max",
+            "4",
+            "--body-limit-bytes",
+            "4096",
+            "--http-head-timeout-s",
+            "2",
+            "--http-body-timeout-s",
+            "3",
+        ])
+        .unwrap();
+        let want = crate::http::server::HttpLimits {
+            connections_max: 4,
+            body_limit_bytes: 4096,
+            head_timeout_s: 2,
+            body_timeout_s: 3,
+        };
+        assert_eq!(c.http, want);
+        for args in [&["--http-head-timeout-s", "0"][..], &["--http-body-timeout-s", "3601"]] {
+            assert!(run(args).is_err(), "{args:?}");
+        }
+    }
+
+    #[test]
     fn bad_values_are_one_clear_error() {
         for args in [
             &["--port", "x"][..],
@@ -392,6 +426,7 @@ mod tests {
             &["--port"],
             &["--snapshot-dir", ""],
             &["--snapshot-interval-s", "-1"],
+            &["--model-name", &"m".repeat(crate::registry::NAME_BYTES_MAX + 1)],
         ] {
             let e = run(args).unwrap_err();
             assert!(!e.0.contains('\n') && !e.0.is_empty(), "{args:?}: {e}");

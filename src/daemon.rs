@@ -84,15 +84,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         admin_token: cfg.admin_token.clone(),
         auth_refused: Default::default(),
     });
-    let http = HttpServer::start(
-        &cfg.host,
-        cfg.port,
-        cfg.unix_socket.as_deref(),
-        cfg.http_connections_max,
-        cfg.body_limit_bytes,
-        api,
-        metrics,
-    )?;
+    let http = HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api, metrics)?;
     crate::info!(
         "kv-indexer {} listening on {}:{}{}",
         crate::version(),

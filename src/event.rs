@@ -5,6 +5,12 @@
 
 use std::fmt;
 
+/// Most blocks a Stored event, or hashes a Removed event, carries: from an
+/// engine (longer events are refused whole) and in a snapshot (longer
+/// chains are written as several chained events). As deep as the index's
+/// default `depth_max`, so one event can hold the longest chain it keeps.
+pub const BLOCKS_PER_EVENT_MAX: usize = 1 << 18;
+
 /// One data-parallel rank of one inference instance: the unit that holds blocks.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WorkerId {

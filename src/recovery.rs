@@ -15,15 +15,12 @@
 //! chains are applied parent first (`parent_first`).
 
 use crate::event::{Event, EventKind, WorkerId};
-use crate::http::codec::{parse_dump, DumpEntry};
+use crate::http::codec::{check_dump_bytes, parse_dump, DumpEntry, DUMP_BYTES_MAX};
 use crate::registry::Registry;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use std::io::Read;
 use std::time::Duration;
-
-/// Largest dump accepted from a peer, in bytes.
-pub const DUMP_BYTES_MAX: u64 = 4 << 30;
 
 /// What recovery did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -39,11 +36,13 @@ pub struct Recovered {
 pub fn fetch_dump(peer: &str, timeout: Duration) -> Result<Vec<DumpEntry>, String> {
     let agent = ureq::AgentBuilder::new().timeout_connect(timeout).timeout(timeout).build();
     let resp = agent.get(&format!("{peer}/dump")).call().map_err(|e| e.to_string())?;
+    // Refused before a byte of it is read when the peer says how long it is.
+    if let Some(announced) = resp.header("Content-Length").and_then(|n| n.trim().parse::<u64>().ok()) {
+        check_dump_bytes(announced).map_err(|e| e.message().to_string())?;
+    }
     let mut body = Vec::new();
     resp.into_reader().take(DUMP_BYTES_MAX + 1).read_to_end(&mut body).map_err(|e| format!("reading the dump: {e}"))?;
-    if body.len() as u64 > DUMP_BYTES_MAX {
-        return Err(format!("dump over {DUMP_BYTES_MAX} bytes"));
-    }
+    check_dump_bytes(body.len() as u64).map_err(|e| e.message().to_string())?;
     parse_dump(&body).map_err(|e| format!("malformed dump: {}", e.message()))
 }
 

@@ -20,6 +20,11 @@ use std::time::Instant;
 /// Tenant used when a request names none.
 pub const TENANT_DEFAULT: &str = "default";
 
+/// Longest model name or tenant an index may have, in bytes (and salt a
+/// registration may carry): every path that creates an index checks it, so
+/// every index fits a snapshot.
+pub const NAME_BYTES_MAX: usize = 256;
+
 /// Most (model, tenant) indexes a daemon keeps; an index stays after its
 /// last worker is unregistered (queries keep answering), so this bounds
 /// what churn of model names can leave behind.
@@ -262,6 +267,14 @@ impl Registry {
         if block_size == 0 {
             return Err(RegistryError::Invalid("block_size must be at least 1".into()));
         }
+        for (what, name) in [("model name", model_name), ("tenant", tenant_id)] {
+            if name.is_empty() || name.len() > NAME_BYTES_MAX {
+                return Err(RegistryError::Invalid(format!(
+                    "the {what} must be 1..={NAME_BYTES_MAX} bytes, not {}",
+                    name.len()
+                )));
+            }
+        }
         let key = (model_name.to_string(), tenant_id.to_string());
         // Creations are serialized so the count check holds; lookups of
         // existing indexes (queries) never take this lock.
@@ -381,8 +394,9 @@ impl Registry {
     }
 
     /// Unregisters an instance of a model: from every tenant when `tenant_id`
-    /// is None, every rank when `dp_rank` is None. Its blocks go too,
-    /// including blocks stored under ranks it was never registered with.
+    /// is None, every rank when `dp_rank` is None. Its blocks go too: those
+    /// of the named ranks, and those of every worker a removed registration's
+    /// listener fed, whatever ranks its batches named.
     pub fn unregister(
         &self,
         instance_id: u64,
@@ -425,18 +439,28 @@ impl Registry {
             )));
         }
         for r in &regs {
-            if let Err(e) = self.ingest.remove_listener(r.listener) {
+            let fed = self.ingest.remove_listener(r.listener);
+            inner.registrations.remove(&r.worker);
+            let Some(h) = self.index(&r.model_name, &r.tenant_id) else {
+                continue;
+            };
+            h.set_registered(r.worker, false);
+            let ranks = fed.unwrap_or_else(|e| {
+                // Which ranks it fed is unknown: take every rank of the
+                // instance that no registration still feeds itself.
                 crate::warn!(
-                    "closing the listener of instance {} dp_rank {}: {e}",
+                    "closing the listener of instance {} dp_rank {}: {e}; removing all its unregistered ranks",
                     r.worker.instance_id,
                     r.worker.dp_rank
                 );
-            }
-            inner.registrations.remove(&r.worker);
-            if let Some(h) = self.index(&r.model_name, &r.tenant_id) {
-                h.set_registered(r.worker, false);
-                if !held.iter().any(|(x, w)| Arc::ptr_eq(x, &h) && *w == r.worker) {
-                    held.push((h, r.worker));
+                let workers = h.index.workers().into_iter();
+                let orphans = workers.filter(|w| w.instance_id == instance_id && !inner.registrations.contains_key(w));
+                std::iter::once(r.worker.dp_rank).chain(orphans.map(|w| w.dp_rank)).collect()
+            });
+            for rank in ranks {
+                let w = WorkerId::new(instance_id, rank);
+                if !held.iter().any(|(x, y)| Arc::ptr_eq(x, &h) && *y == w) {
+                    held.push((h.clone(), w));
                 }
             }
         }

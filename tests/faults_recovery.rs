@@ -63,10 +63,6 @@ fn start_recovering(peers: &[&str], engines: &[Engine]) -> Daemon {
     b
 }
 
-fn logged(d: &mut Daemon, text: &str) -> bool {
-    d.log().iter().any(|l| l.contains(text))
-}
-
 #[test]
 fn a_restarted_daemon_recovers_from_its_peer_and_converges_with_it() {
     let mut engines = engines(500);
@@ -83,7 +79,7 @@ fn a_restarted_daemon_recovers_from_its_peer_and_converges_with_it() {
     }
 
     let mut b = start_recovering(&[&a.base], &engines);
-    assert!(logged(&mut b, &format!("recovered from peer {}", a.base)), "{:?}", b.log());
+    assert!(b.wait_logged(&format!("recovered from peer {}", a.base)), "{:?}", b.log());
     // No batch reached it yet: what it holds came from the peer, in full.
     assert_eq!(dump_facts(&b), dump_facts(&a), "the recovered state is the peer's");
 
@@ -109,9 +105,9 @@ fn a_peer_dying_mid_dump_is_skipped_whole_and_the_next_one_used() {
     let mut b = start_recovering(&[&half.url, &hang.url, &a.base], &engines);
     for peer in [&half, &hang] {
         assert_eq!(peer.served.load(Ordering::Relaxed), 1, "{} was asked once", peer.url);
-        assert!(logged(&mut b, &format!("recovery: peer {} failed", peer.url)), "{:?}", b.log());
+        assert!(b.wait_logged(&format!("recovery: peer {} failed", peer.url)), "{:?}", b.log());
     }
-    assert!(logged(&mut b, &format!("recovered from peer {}", a.base)), "{:?}", b.log());
+    assert!(b.wait_logged(&format!("recovered from peer {}", a.base)), "{:?}", b.log());
     let recovered = dump_facts(&b);
     assert!(recovered.iter().all(|f| f.0 != FAKE_INSTANCE), "part of a broken dump was applied");
     assert_eq!(recovered, dump_facts(&a));
@@ -134,7 +130,7 @@ fn no_peer_answering_in_full_starts_empty_and_says_so() {
     let hang = FakePeer::start(Failure::Hang, body.clone());
     let trickle = FakePeer::start(Failure::Trickle, body);
     let mut b = start_recovering(&[&half.url, &hang.url, &trickle.url], &engines);
-    assert!(logged(&mut b, "no peer answered (3 tried); starting empty"), "{:?}", b.log());
+    assert!(b.wait_logged("no peer answered (3 tried); starting empty"), "{:?}", b.log());
     assert!(dump_facts(&b).is_empty(), "nothing of a broken dump was applied");
 
     // The engines' rings still hold seq 0: replays rebuild everything.

@@ -166,6 +166,19 @@ fn removing_a_worker_lands_after_its_queued_batches() {
 }
 
 #[test]
+fn removing_a_listener_names_every_rank_it_fed() {
+    // Registered as rank 0; the engine names rank 3 in its batches.
+    let ingest = Ingest::start(test_config()).unwrap();
+    let mut publisher = TestPublisher::new(PublisherConfig { batch_dp_rank: Some(3), ..PublisherConfig::default() });
+    let sink = Arc::new(ModelSink::new());
+    let id = ingest.add_listener(spec_for(WorkerId::new(35, 0), &publisher, &sink)).unwrap();
+    assert!(publisher.wait_subscribed(1));
+    publisher.publish_random(5);
+    assert!(wait_until(|| sink.workers() == vec![WorkerId::new(35, 3)]));
+    assert_eq!(ingest.remove_listener(id), Ok(vec![0, 3]));
+}
+
+#[test]
 fn a_dead_replay_endpoint_does_not_stall_other_workers_on_the_same_thread() {
     let ingest =
         Ingest::start(IngestConfig { listener_threads: 1, replay_timeout_ms: 60_000, ..test_config() }).unwrap();

@@ -86,8 +86,8 @@ fn mutating_endpoints_need_the_token_and_reads_stay_open() {
     assert!(!metrics.contains(TOKEN));
     let refused = metrics.lines().find(|l| l.starts_with("kv_indexer_auth_refused_total ")).unwrap();
     assert_eq!(refused, "kv_indexer_auth_refused_total 16");
-    d.terminate();
-    assert!(wait_until(|| d.log().iter().any(|l| l.contains("stopped"))), "the whole log is read");
+    assert_eq!(d.terminate(), Some(0));
+    assert!(d.log().iter().any(|l| l.contains("stopped")), "the whole log is read");
     assert!(!d.log().iter().any(|l| l.contains(TOKEN)), "{:?}", d.log());
 }
 
@@ -143,6 +143,6 @@ fn peer_recovery_needs_no_token() {
     with_peer.extend(["--peers", peers.as_str(), "--slow-joiner-ms", "10"]);
     let mut b = Daemon::start(&with_peer);
     assert!(wait_until(|| b.get("/health").0 == 200), "ready after recovery");
-    assert!(b.log().iter().any(|l| l.contains("recovered")), "{:?}", b.log());
+    assert!(b.wait_logged("recovered"), "{:?}", b.log());
     assert_eq!(blocks(&b), blocks(&a), "recovered from the peer's open /dump");
 }

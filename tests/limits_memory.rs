@@ -139,6 +139,7 @@ fn past_the_cap_stores_are_shed_and_answers_never_overclaim() {
     assert_eq!(metric(&d, "kv_indexer_pairs"), 0);
     assert_eq!(metric(&d, "kv_indexer_entries"), 0);
 
+    assert!(d.wait_logged("memory cap reached"), "{:?}", d.log());
     let log = d.log().join("\n");
     let lines = log.lines().filter(|l| l.contains("memory cap reached")).count();
     assert!((1..16).contains(&lines), "one rate-limited line, not one per block:\n{log}");

@@ -206,6 +206,43 @@ fn unregister_by_rank_removes_blocks_stored_under_an_unregistered_rank() {
     assert_eq!(d.get_json("/workers").1[0]["instance_id"], 7);
 }
 
+/// Blocks `/dump` lists for `instance`, over every index and rank.
+fn dumped_blocks(d: &Daemon, instance: u64) -> usize {
+    let (status, dump) = d.get_json("/dump");
+    assert_eq!(status, 200, "{dump}");
+    let events = dump.as_object().unwrap().values().flat_map(|ix| ix["events"].as_array().unwrap().iter());
+    events
+        .filter(|ev| ev["worker_id"] == instance)
+        .map(|ev| ev["event"]["data"]["stored"]["blocks"].as_array().map_or(0, Vec::len))
+        .sum()
+}
+
+#[test]
+fn unregister_removes_every_rank_its_listener_fed() {
+    let d = Daemon::start(&[]);
+    // Registered as rank 0; every batch says rank 2 (which overrides it).
+    let mut p = publisher(9, Some(2));
+    let (status, v) = d.post_json(
+        "/register",
+        json!({"instance_id": 4, "endpoint": p.endpoint, "replay_endpoint": p.replay_endpoint,
+               "model_name": "m", "routing_group": "g", "dp_rank": 0, "block_size": 4}),
+    );
+    assert_eq!(status, 201, "{v}");
+    assert!(p.wait_subscribed(1));
+    let leaf = publish_chain(&mut p, 3);
+    let locals = p.chain_locals(leaf);
+    assert!(wait_until(|| score(&d, "m", "g", &locals, 4, 2) == 12));
+    assert_eq!(dumped_blocks(&d, 4), 3);
+
+    let unregister = json!({"instance_id": 4, "model_name": "m", "routing_group": "g", "dp_rank": 0});
+    assert_eq!(d.post_json("/unregister", unregister.clone()).0, 200);
+    assert_eq!(dumped_blocks(&d, 4), 0, "{}", d.get("/dump").1);
+    assert_eq!(d.get_json("/workers").1, json!([]));
+    // Nothing is left to unregister, under any rank.
+    assert_eq!(d.post_json("/unregister", unregister).0, 404);
+    assert_eq!(d.post_json("/unregister", json!({"instance_id": 4, "model_name": "m"})).0, 404);
+}
+
 #[test]
 fn the_unix_socket_serves_the_same_api() {
     use std::io::{Read, Write};

@@ -266,5 +266,5 @@ fn a_reachable_peer_replaces_the_snapshot_for_the_workers_it_knows() {
     assert_eq!(mine, held(&dump(&c), KEY, 1, 0), "the peer's blocks for the worker it knows");
     assert!(mine[0].contains(&x[1]) && !mine[0].contains(&y[2]));
     assert_eq!(held(&dump(&b), KEY, 5, 0), r_before, "the snapshot's blocks for the worker it does not");
-    assert!(b.log().iter().any(|l| l.contains("replaces the snapshot's blocks of 1 worker(s)")), "{:?}", b.log());
+    assert!(b.wait_logged("replaces the snapshot's blocks of 1 worker(s)"), "{:?}", b.log());
 }

@@ -1,13 +1,27 @@
-//! HTTP/1.1 request framing, bytes in: the request line, headers, and a
-//! body by Content-Length or chunked encoding. Every length is bounded, and
-//! anything malformed is an error that names what was wrong; the server
-//! answers it and closes the connection. No sockets here beyond the reader.
+//! HTTP/1.1 request heads, bytes in. `httparse` parses the request line and
+//! headers; this module bounds what it is given (bytes, header count, time)
+//! and reads the few headers the server reacts to, refusing every value it
+//! cannot honour exactly: a Content-Length that is not plain digits or does
+//! not fit in 64 bits, conflicting lengths, a transfer coding other than
+//! chunked, chunked twice, or chunked together with a length (the pairs
+//! that let two parsers disagree on where a request ends). Bodies are in
+//! `body.rs`. Anything malformed is an error that names what was wrong; the
+//! server answers it and closes the connection.
+//!
+//! # Time
+//!
+//! A connection waits for the first byte of a head at most `first_byte`
+//! (the idle timeout between requests); from that byte on, the whole head
+//! must arrive within `head_timeout` or the request is refused with 408.
+//! Every blocking read is given only the time left, so a client sending one
+//! byte a second cannot hold its connection past the deadline.
 
-use std::io::{self, BufRead, Write};
+use std::io::{self, BufRead, BufReader, Read};
+use std::time::{Duration, Instant};
 
 /// Most bytes of request line plus headers.
 pub const HEAD_BYTES_MAX: usize = 64 * 1024;
-/// Most header lines in one request.
+/// Most header lines in one request (and trailer lines in one chunked body).
 pub const HEADERS_MAX: usize = 128;
 
 /// The parts of a request head the server uses.
@@ -17,7 +31,7 @@ pub struct Head {
     pub target: String,
     /// HTTP/1.1 (keep-alive by default) rather than 1.0.
     pub http11: bool,
-    pub content_length: Option<usize>,
+    pub content_length: Option<u64>,
     pub chunked: bool,
     /// `Connection: close` (or 1.0 without keep-alive).
     pub close: bool,
@@ -37,247 +51,305 @@ pub enum ReadError {
     HeadTooLarge,
     /// Body past the limit: answer 413 and close.
     BodyTooLarge,
+    /// The head or body did not arrive by its deadline: answer 408 and close.
+    TimedOut,
 }
 
-fn read_line<R: BufRead>(r: &mut R, line: &mut Vec<u8>, budget: &mut usize) -> Result<bool, ReadError> {
-    line.clear();
+/// A byte stream whose blocking reads can be bounded in time: a socket;
+/// in tests, bytes in memory, which never block.
+pub trait ReadTimeout: Read {
+    /// Bounds each later blocking read by `timeout` (never zero).
+    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()>;
+}
+
+impl ReadTimeout for &[u8] {
+    fn set_read_timeout(&mut self, _: Duration) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads from `r` into `out` (through its buffer, or straight past it for
+/// large reads), the read bounded by `deadline`; 0 at end of stream.
+pub(super) fn read_by<R: ReadTimeout>(
+    r: &mut BufReader<R>,
+    out: &mut [u8],
+    deadline: Instant,
+) -> Result<usize, ReadError> {
+    arm(r, deadline.saturating_duration_since(Instant::now()))?;
     loop {
-        let avail = match r.fill_buf() {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(ReadError::Io(e)),
-        };
-        if avail.is_empty() {
-            return Ok(false);
+        match r.read(out) {
+            Ok(n) => return Ok(n),
+            Err(e) => check(e)?,
         }
-        let (take, done) = match avail.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (avail.len(), false),
-        };
-        if take > *budget {
+    }
+}
+
+/// What `r` has buffered, reading more if it has nothing, within `deadline`.
+/// Empty at end of stream.
+pub(super) fn fill<R: ReadTimeout>(r: &mut BufReader<R>, deadline: Instant) -> Result<&[u8], ReadError> {
+    fill_within(r, deadline.saturating_duration_since(Instant::now()))
+}
+
+/// What `r` has buffered, reading more if it has nothing, within `timeout`.
+fn fill_within<R: ReadTimeout>(r: &mut BufReader<R>, timeout: Duration) -> Result<&[u8], ReadError> {
+    arm(r, timeout)?;
+    loop {
+        match r.fill_buf() {
+            Ok(_) => break,
+            Err(e) => check(e)?,
+        }
+    }
+    Ok(r.buffer())
+}
+
+/// Gives the next read of `r`, if it will block, `timeout` (the time left).
+fn arm<R: ReadTimeout>(r: &mut BufReader<R>, timeout: Duration) -> Result<(), ReadError> {
+    if r.buffer().is_empty() {
+        if timeout.is_zero() {
+            return Err(ReadError::TimedOut);
+        }
+        r.get_mut().set_read_timeout(timeout).map_err(ReadError::Io)?;
+    }
+    Ok(())
+}
+
+/// Ok for an interrupted read (to retry it); the error otherwise.
+fn check(e: io::Error) -> Result<(), ReadError> {
+    match e.kind() {
+        io::ErrorKind::Interrupted => Ok(()),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Err(ReadError::TimedOut),
+        _ => Err(ReadError::Io(e)),
+    }
+}
+
+/// Where the head in `buf` ends (just past its blank line), looking only at
+/// what may have changed since `from` bytes were scanned.
+fn head_end(buf: &[u8], from: usize) -> Option<usize> {
+    let start = from.saturating_sub(2);
+    buf[start..].iter().enumerate().filter(|&(_, &b)| b == b'\n').find_map(|(i, _)| match &buf[start + i + 1..] {
+        [b'\n', ..] => Some(start + i + 2),
+        [b'\r', b'\n', ..] => Some(start + i + 3),
+        _ => None,
+    })
+}
+
+/// Reads one request head into `buf` (scratch, cleared first) and parses
+/// it. `Closed` if the peer closed, or sent nothing within `first_byte`,
+/// before the first byte; `TimedOut` if the head was not complete within
+/// `head_timeout` of that byte.
+pub fn read_head<R: ReadTimeout>(
+    r: &mut BufReader<R>,
+    buf: &mut Vec<u8>,
+    first_byte: Duration,
+    head_timeout: Duration,
+) -> Result<Head, ReadError> {
+    buf.clear();
+    // The same wait before every request: the socket's timeout is set once.
+    let first = match fill_within(r, first_byte) {
+        Ok([]) | Err(ReadError::TimedOut) => return Err(ReadError::Closed),
+        Ok(_) => Instant::now(),
+        Err(e) => return Err(e),
+    };
+    let deadline = first + head_timeout;
+    // Blank lines before a request are tolerated (RFC 9112 2.2); they count
+    // against the budget like head bytes.
+    let mut skipped = 0usize;
+    loop {
+        let avail = fill(r, deadline)?;
+        if avail.is_empty() {
+            return Err(ReadError::Bad("connection closed inside the request head"));
+        }
+        let mut take = avail.len().min(HEAD_BYTES_MAX + 1 - buf.len() - skipped);
+        let mut start = 0;
+        if buf.is_empty() {
+            start = avail[..take].iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+            skipped += start;
+        }
+        let scanned = buf.len();
+        buf.extend_from_slice(&avail[start..take]);
+        if let Some(end) = head_end(buf, scanned) {
+            // Leave what follows the head (a body, a pipelined request) unread.
+            take = start + end - scanned;
+            buf.truncate(end);
+            r.consume(take);
+            return parse_head(buf);
+        }
+        r.consume(take);
+        if buf.len() + skipped > HEAD_BYTES_MAX {
             return Err(ReadError::HeadTooLarge);
         }
-        *budget -= take;
-        line.extend_from_slice(&avail[..take]);
-        r.consume(take);
-        if done {
-            while matches!(line.last(), Some(b'\n' | b'\r')) {
-                line.pop();
-            }
-            return Ok(true);
-        }
     }
 }
 
-/// Reads one request head. `Closed` if the peer closed before sending a byte.
-pub fn read_head<R: BufRead>(r: &mut R, line: &mut Vec<u8>) -> Result<Head, ReadError> {
-    let mut budget = HEAD_BYTES_MAX;
-    // Tolerate blank lines between requests (RFC 9112 2.2).
-    let first = loop {
-        match read_line(r, line, &mut budget) {
-            Ok(false) => return Err(ReadError::Closed),
-            Ok(true) if line.is_empty() => continue,
-            Ok(true) => {
-                break std::str::from_utf8(line).map_err(|_| ReadError::Bad("request line is not UTF-8"))?.to_string()
-            }
-            Err(ReadError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                return Err(ReadError::Closed)
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    let mut parts = first.split(' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(ReadError::Bad("malformed request line"));
-    };
-    let http11 = match version {
-        "HTTP/1.1" => true,
-        "HTTP/1.0" => false,
-        _ => return Err(ReadError::Bad("unsupported HTTP version")),
-    };
-    if method.is_empty() || !target.starts_with('/') {
-        return Err(ReadError::Bad("malformed request line"));
+/// Parses a complete head (ending with its blank line).
+fn parse_head(buf: &[u8]) -> Result<Head, ReadError> {
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) if n == buf.len() => {}
+        Ok(_) => return Err(ReadError::Bad("malformed request head")),
+        Err(httparse::Error::TooManyHeaders) => return Err(ReadError::HeadTooLarge),
+        Err(httparse::Error::Version) => return Err(ReadError::Bad("unsupported HTTP version")),
+        Err(httparse::Error::Token | httparse::Error::Status) => return Err(ReadError::Bad("malformed request line")),
+        Err(_) => return Err(ReadError::Bad("malformed header")),
     }
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Err(ReadError::Bad("malformed request line"));
+    };
+    if !target.starts_with('/') {
+        return Err(ReadError::Bad("request target must start with /"));
+    }
+    let http11 = version == 1;
     let mut head =
         Head { method: method.to_string(), target: target.to_string(), http11, close: !http11, ..Head::default() };
-    for _ in 0..=HEADERS_MAX {
-        if !read_line(r, line, &mut budget)? {
-            return Err(ReadError::Bad("connection closed inside the headers"));
-        }
-        if line.is_empty() {
-            if head.chunked && head.content_length.is_some() {
-                return Err(ReadError::Bad("both Content-Length and chunked"));
-            }
-            return Ok(head);
-        }
-        let text = std::str::from_utf8(line).map_err(|_| ReadError::Bad("header is not UTF-8"))?;
-        let (name, value) = text.split_once(':').ok_or(ReadError::Bad("malformed header"))?;
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            let n = value.parse::<usize>().map_err(|_| ReadError::Bad("invalid Content-Length"))?;
-            if head.content_length.is_some_and(|m| m != n) {
-                return Err(ReadError::Bad("conflicting Content-Length headers"));
-            }
-            head.content_length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            if value.eq_ignore_ascii_case("chunked") {
-                head.chunked = true;
-            } else if !value.eq_ignore_ascii_case("identity") {
-                return Err(ReadError::Bad("unsupported Transfer-Encoding"));
-            }
-        } else if name.eq_ignore_ascii_case("connection") {
-            for token in value.split(',').map(str::trim) {
-                if token.eq_ignore_ascii_case("close") {
-                    head.close = true;
-                } else if token.eq_ignore_ascii_case("keep-alive") && !http11 {
-                    head.close = false;
-                }
-            }
-        } else if name.eq_ignore_ascii_case("expect") {
-            head.expect_continue = value.eq_ignore_ascii_case("100-continue");
-        } else if name.eq_ignore_ascii_case("authorization") {
-            head.authorization = Some(value.to_string());
-        }
+    for h in req.headers.iter() {
+        apply_header(&mut head, h.name, h.value)?;
     }
-    Err(ReadError::HeadTooLarge)
+    if head.chunked && head.content_length.is_some() {
+        return Err(ReadError::Bad("both Content-Length and chunked"));
+    }
+    Ok(head)
 }
 
-/// Reads the body `head` announces into `body` (cleared first), at most
-/// `limit` bytes; sends `100 Continue` first when the client asked for it.
-pub fn read_body<R: BufRead, W: Write>(
-    r: &mut R,
-    w: &mut W,
-    head: &Head,
-    limit: usize,
-    body: &mut Vec<u8>,
-    line: &mut Vec<u8>,
-) -> Result<(), ReadError> {
-    body.clear();
-    if head.content_length.is_some_and(|n| n > limit) {
-        return Err(ReadError::BodyTooLarge);
-    }
-    if head.expect_continue && (head.chunked || head.content_length.is_some_and(|n| n > 0)) {
-        w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").map_err(ReadError::Io)?;
-        w.flush().map_err(ReadError::Io)?;
-    }
-    if let Some(n) = head.content_length {
-        body.resize(n, 0);
-        r.read_exact(body).map_err(ReadError::Io)?;
-        return Ok(());
-    }
-    if !head.chunked {
-        return Ok(());
-    }
-    let mut budget = HEAD_BYTES_MAX;
-    loop {
-        if !read_line(r, line, &mut budget)? {
-            return Err(ReadError::Bad("connection closed inside a chunked body"));
+/// Comma-separated list items of a header value, trimmed, as ASCII text.
+fn items(value: &[u8]) -> Result<impl Iterator<Item = &str>, ReadError> {
+    let text = std::str::from_utf8(value).map_err(|_| ReadError::Bad("header value is not UTF-8"))?;
+    Ok(text.split(',').map(|t| t.trim_matches([' ', '\t'])))
+}
+
+/// Takes in one header the server reacts to; ignores the rest.
+fn apply_header(head: &mut Head, name: &str, value: &[u8]) -> Result<(), ReadError> {
+    if name.eq_ignore_ascii_case("content-length") {
+        let digits = value.trim_ascii();
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(ReadError::Bad("invalid Content-Length"));
         }
-        let size_text = std::str::from_utf8(line).map_err(|_| ReadError::Bad("invalid chunk size"))?;
-        let size_text = size_text.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_text, 16).map_err(|_| ReadError::Bad("invalid chunk size"))?;
-        if size == 0 {
-            // Trailers, then the blank line.
-            loop {
-                if !read_line(r, line, &mut budget)? || line.is_empty() {
-                    return Ok(());
-                }
+        let n = digits
+            .iter()
+            .try_fold(0u64, |n, &d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+            .ok_or(ReadError::BodyTooLarge)?;
+        if head.content_length.is_some_and(|m| m != n) {
+            return Err(ReadError::Bad("conflicting Content-Length headers"));
+        }
+        head.content_length = Some(n);
+    } else if name.eq_ignore_ascii_case("transfer-encoding") {
+        for coding in items(value)? {
+            if !head.chunked && coding.eq_ignore_ascii_case("chunked") {
+                head.chunked = true;
+            } else if head.chunked || !coding.eq_ignore_ascii_case("identity") {
+                // Only chunked, once and last, is a body we can frame.
+                return Err(ReadError::Bad("unsupported Transfer-Encoding"));
             }
         }
-        if body.len() + size > limit {
-            return Err(ReadError::BodyTooLarge);
+    } else if name.eq_ignore_ascii_case("connection") {
+        for token in items(value)? {
+            if token.eq_ignore_ascii_case("close") {
+                head.close = true;
+            } else if token.eq_ignore_ascii_case("keep-alive") && !head.http11 {
+                head.close = false;
+            }
         }
-        let start = body.len();
-        body.resize(start + size, 0);
-        r.read_exact(&mut body[start..]).map_err(ReadError::Io)?;
-        if !read_line(r, line, &mut budget)? || !line.is_empty() {
-            return Err(ReadError::Bad("chunk not followed by CRLF"));
-        }
+    } else if name.eq_ignore_ascii_case("expect") {
+        head.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+    } else if name.eq_ignore_ascii_case("authorization") {
+        let text = std::str::from_utf8(value).map_err(|_| ReadError::Bad("Authorization is not UTF-8"))?;
+        head.authorization = Some(text.trim().to_string());
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(raw: &str, limit: usize) -> Result<(Head, Vec<u8>, Vec<u8>), ReadError> {
-        let mut r = std::io::BufReader::new(raw.as_bytes());
-        let mut line = Vec::new();
-        let head = read_head(&mut r, &mut line)?;
-        let (mut body, mut sent) = (Vec::new(), Vec::new());
-        read_body(&mut r, &mut sent, &head, limit, &mut body, &mut line)?;
-        Ok((head, body, sent))
+    const SECOND: Duration = Duration::from_secs(1);
+
+    pub(crate) fn head(raw: &[u8]) -> Result<Head, ReadError> {
+        read_head(&mut BufReader::new(raw), &mut Vec::new(), SECOND, SECOND)
     }
 
     #[test]
-    fn content_length_chunked_and_continue() {
-        let (h, b, sent) =
-            parse("POST /query?x=1 HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\nhello", 100).unwrap();
+    fn the_headers_the_server_reacts_to() {
+        let h = head(b"POST /query?x=1 HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n").unwrap();
         assert_eq!((h.method.as_str(), h.target.as_str(), h.close), ("POST", "/query?x=1", false));
-        assert_eq!(b, b"hello");
-        assert_eq!(sent, b"HTTP/1.1 100 Continue\r\n\r\n");
-        let (_, b, _) = parse(
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: 1\r\n\r\n",
-            100,
-        )
-        .unwrap();
-        assert_eq!(b, b"abcde");
-        let (h, _, _) = parse("GET /health HTTP/1.0\r\n\r\n", 10).unwrap();
-        assert!(h.close);
-        let (h, _, _) =
-            parse("GET /health HTTP/1.1\r\nConnection: close\r\nAuthorization: Bearer t\r\n\r\n", 10).unwrap();
+        assert_eq!((h.content_length, h.expect_continue, h.chunked), (Some(5), true, false));
+        let h = head(b"POST / HTTP/1.1\r\ntransfer-encoding: identity, Chunked\r\n\r\n").unwrap();
+        assert!(h.chunked);
+        assert!(head(b"GET /health HTTP/1.0\r\n\r\n").unwrap().close);
+        assert!(!head(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").unwrap().close);
+        let h = head(b"GET /health HTTP/1.1\r\nConnection: x, close\r\nAuthorization:  Bearer t \r\n\r\n").unwrap();
         assert!(h.close);
         assert_eq!(h.authorization.as_deref(), Some("Bearer t"));
+        // Blank lines before a request, bare LF line ends, equal repeated lengths.
+        let h = head(b"\r\n\nGET / HTTP/1.1\nContent-Length: 0\nContent-Length: 0\n\n").unwrap();
+        assert_eq!(h.content_length, Some(0));
     }
 
     #[test]
-    fn limits_and_malformed_input() {
-        assert!(matches!(
-            parse("POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\nhello world", 10),
-            Err(ReadError::BodyTooLarge)
-        ));
-        assert!(matches!(
-            parse("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nb\r\nhello world\r\n0\r\n\r\n", 10),
-            Err(ReadError::BodyTooLarge)
-        ));
-        assert!(matches!(parse("", 10), Err(ReadError::Closed)));
-        for bad in [
-            "GET\r\n\r\n",
-            "GET / HTTP/2\r\n\r\n",
-            "GET x HTTP/1.1\r\n\r\n",
-            "GET / HTTP/1.1\r\nNoColon\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    fn the_head_ends_at_its_blank_line_and_leaves_the_rest() {
+        let raw = b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\nhiGET / HTTP/1.1\r\n\r\n";
+        let mut r = BufReader::new(&raw[..]);
+        let mut buf = Vec::new();
+        assert_eq!(read_head(&mut r, &mut buf, SECOND, SECOND).unwrap().content_length, Some(2));
+        assert_eq!(r.buffer(), b"hiGET / HTTP/1.1\r\n\r\n");
+        // Fed one byte at a time, the same head ends at the same byte.
+        let mut r = BufReader::with_capacity(1, &raw[..]);
+        assert_eq!(read_head(&mut r, &mut buf, SECOND, SECOND).unwrap().content_length, Some(2));
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"hiGET / HTTP/1.1\r\n\r\n");
+    }
+
+    #[test]
+    fn malformed_heads_are_refused_by_name() {
+        for (raw, why) in [
+            (&b"GET\r\n\r\n"[..], "malformed request line"),
+            (b"GET / HTTP/2\r\n\r\n", "unsupported HTTP version"),
+            (b"GET x HTTP/1.1\r\n\r\n", "request target must start with /"),
+            (b"GET / HTTP/1.1\r\nNoColon\r\n\r\n", "malformed header"),
+            (b"GET / HTTP/1.1\r\nX : 1\r\n\r\n", "malformed header"),
+            (b"GET / HTTP/1.1\r\nX: 1\r\n folded\r\n\r\n", "malformed header"),
+            (b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", "invalid Content-Length"),
+            (b"POST / HTTP/1.1\r\nContent-Length: +1\r\n\r\n", "invalid Content-Length"),
+            (b"POST / HTTP/1.1\r\nContent-Length: 1, 1\r\n\r\n", "invalid Content-Length"),
+            (b"POST / HTTP/1.1\r\nContent-Length:\r\n\r\n", "invalid Content-Length"),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                "conflicting Content-Length headers",
+            ),
+            (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", "unsupported Transfer-Encoding"),
+            (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", "unsupported Transfer-Encoding"),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "unsupported Transfer-Encoding",
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                "both Content-Length and chunked",
+            ),
+            (b"GET / HTTP/1.1\r\nAuthorization: \xff\r\n\r\n", "Authorization is not UTF-8"),
+            (b"GET / HTTP/1.1\r\nX: 1\r\n", "connection closed inside the request head"),
         ] {
-            assert!(matches!(parse(bad, 10), Err(ReadError::Bad(_))), "{bad:?}");
-        }
-        let huge = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(HEAD_BYTES_MAX));
-        assert!(matches!(parse(&huge, 10), Err(ReadError::HeadTooLarge)));
-        let many = format!("GET / HTTP/1.1\r\n{}\r\n", "X: 1\r\n".repeat(HEADERS_MAX + 1));
-        assert!(matches!(parse(&many, 10), Err(ReadError::HeadTooLarge)));
-    }
-
-    #[test]
-    fn random_bytes_never_panic() {
-        let mut x: u64 = 42;
-        for _ in 0..20_000 {
-            let n = (x % 200) as usize;
-            let raw: Vec<u8> = (0..n)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    b"GET /\r\n: 0123456789abcdef;HTTP/1.1 chunkedContent-Length"[(x % 52) as usize]
-                })
-                .collect();
-            let mut r = std::io::BufReader::new(&raw[..]);
-            let mut line = Vec::new();
-            if let Ok(h) = read_head(&mut r, &mut line) {
-                let _ = read_body(&mut r, &mut Vec::new(), &h, 64, &mut Vec::new(), &mut line);
+            match head(raw) {
+                Err(ReadError::Bad(got)) => assert_eq!(got, why, "{:?}", String::from_utf8_lossy(raw)),
+                other => panic!("{:?}: {other:?}", String::from_utf8_lossy(raw)),
             }
         }
+        assert!(matches!(head(b""), Err(ReadError::Closed)));
+        // A length past u64 is too large, not malformed.
+        let huge = b"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n";
+        assert!(matches!(head(huge), Err(ReadError::BodyTooLarge)));
+    }
+
+    #[test]
+    fn heads_past_their_limits_are_431() {
+        let long = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(HEAD_BYTES_MAX));
+        assert!(matches!(head(long.as_bytes()), Err(ReadError::HeadTooLarge)));
+        let blank = "\r\n".repeat(HEAD_BYTES_MAX);
+        assert!(matches!(head(blank.as_bytes()), Err(ReadError::HeadTooLarge)));
+        let many = format!("GET / HTTP/1.1\r\n{}\r\n", "X: 1\r\n".repeat(HEADERS_MAX + 1));
+        assert!(matches!(head(many.as_bytes()), Err(ReadError::HeadTooLarge)));
+        let most = format!("GET / HTTP/1.1\r\n{}\r\n", "X: 1\r\n".repeat(HEADERS_MAX));
+        assert!(head(most.as_bytes()).is_ok());
     }
 }

@@ -1,25 +1,27 @@
 //! The blocking HTTP/1.1 front, on TCP and optionally a Unix socket.
 //!
-//! One accept thread per socket; each connection gets its own thread (up to
-//! `--http-connections-max`, past which a new connection is answered 503 and
-//! closed), which reads requests in turn (keep-alive), hands each to the
-//! `Handler`, and writes the reply. A connection idle past
-//! `IDLE_TIMEOUT_MS` is closed, so idle clients cannot pin threads forever.
-//! Each connection keeps its own scratch buffers, so a hot request
-//! allocates little. A panic in a handler becomes a 500 and is logged.
-//!
-//! This replaces tiny_http, whose worker pool could leave a connection
-//! unserved until another closed when several arrived at once, and whose
-//! accept thread ended on the first accept error.
+//! One accept thread per socket; each connection gets its own thread and a
+//! slot (up to `--http-connections-max`, past which a new connection is
+//! answered 503 and closed; `slots.rs`), which reads requests in turn
+//! (keep-alive), hands each to the `Handler`, and writes the reply. Time
+//! bounds every connection: it waits for a request at most
+//! `IDLE_TIMEOUT_MS` (a new one at most the head timeout), a request head
+//! must arrive within `--http-head-timeout-s` of its first byte and its body
+//! within `--http-body-timeout-s` of the head, else 408 and close: a slow
+//! or silent client cannot keep a slot. Each connection keeps its own
+//! scratch buffers, so a hot request allocates little. A panic in a handler
+//! becomes a 500 and is logged.
 
-use super::request::{read_body, read_head, ReadError};
+use super::body::read_body;
+use super::request::{fill, read_head, ReadError};
+use super::slots::Slots;
+use super::stream::Stream;
 use crate::metrics::{Endpoint, HttpMetrics};
-use parking_lot::Mutex;
-use std::io::{BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,6 +30,39 @@ use std::time::{Duration, Instant};
 pub const CONNECTIONS_MAX: usize = 1024;
 /// A connection with no request for this long is closed.
 pub const IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Default seconds a request head may take from its first byte.
+pub const HEAD_TIMEOUT_S_DEFAULT: u64 = 10;
+/// Default seconds a request body may take from the end of its head.
+pub const BODY_TIMEOUT_S_DEFAULT: u64 = 60;
+
+/// What bounds the HTTP front.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Most open connections (one thread each).
+    pub connections_max: usize,
+    /// Largest request body.
+    pub body_limit_bytes: usize,
+    /// Seconds from a head's first byte (a new connection: from accept) to its end.
+    pub head_timeout_s: u64,
+    /// Seconds from the end of a head to the end of its body.
+    pub body_timeout_s: u64,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            connections_max: CONNECTIONS_MAX,
+            body_limit_bytes: crate::config::BODY_LIMIT_BYTES_DEFAULT,
+            head_timeout_s: HEAD_TIMEOUT_S_DEFAULT,
+            body_timeout_s: BODY_TIMEOUT_S_DEFAULT,
+        }
+    }
+}
+/// After a refusal, what the client still sends is read and dropped for at
+/// most this long and this many bytes before the close, so the close does
+/// not reset the connection before the client has read the refusal.
+const LINGER_MS: u64 = 500;
+const LINGER_BYTES_MAX: usize = 64 * 1024;
 /// Stack of a connection thread (handlers are shallow).
 const CONNECTION_STACK_BYTES: usize = 256 * 1024;
 
@@ -70,71 +105,13 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(&self, req: &Incoming<'_>, scratch: &mut Scratch) -> Reply;
 }
 
-/// A connected stream of either kind.
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Stream {
-    fn try_clone(&self) -> std::io::Result<Stream> {
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-        })
-    }
-
-    fn shutdown(&self) {
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-
-    fn set_timeouts(&self, t: Duration) {
-        let _ = match self {
-            Stream::Tcp(s) => s.set_read_timeout(Some(t)).and_then(|_| s.set_write_timeout(Some(t))),
-            Stream::Unix(s) => s.set_read_timeout(Some(t)).and_then(|_| s.set_write_timeout(Some(t))),
-        };
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.flush(),
-            Stream::Unix(s) => s.flush(),
-        }
-    }
-}
-
 /// What connection threads share.
 struct Shared {
     handler: Arc<dyn Handler>,
     metrics: Arc<HttpMetrics>,
-    body_limit_bytes: usize,
-    connections_max: usize,
+    limits: HttpLimits,
     stop: AtomicBool,
-    open: AtomicUsize,
-    next_id: AtomicU64,
-    /// Open connections, so a stop can close them at once.
-    conns: Mutex<std::collections::HashMap<u64, Stream>>,
+    slots: Arc<Slots>,
 }
 
 /// The running HTTP front.
@@ -160,6 +137,7 @@ fn reason(status: u16) -> &'static str {
         400 => "Bad Request",
         401 => "Unauthorized",
         404 => "Not Found",
+        408 => "Request Timeout",
         405 => "Method Not Allowed",
         409 => "Conflict",
         413 => "Payload Too Large",
@@ -171,7 +149,15 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-fn write_reply(w: &mut Stream, reply: &Reply, body: &[u8], close: bool, head_buf: &mut Vec<u8>) -> std::io::Result<()> {
+/// Writes a reply announcing `length` body bytes, then `body`.
+fn write_reply(
+    w: &mut Stream,
+    reply: &Reply,
+    length: usize,
+    body: &[u8],
+    close: bool,
+    head_buf: &mut Vec<u8>,
+) -> std::io::Result<()> {
     head_buf.clear();
     let _ = write!(
         head_buf,
@@ -179,7 +165,7 @@ fn write_reply(w: &mut Stream, reply: &Reply, body: &[u8], close: bool, head_buf
         reply.status,
         reason(reply.status),
         reply.content_type,
-        body.len()
+        length
     );
     if let Some(challenge) = reply.www_authenticate {
         let _ = write!(head_buf, "WWW-Authenticate: {challenge}\r\n");
@@ -202,8 +188,7 @@ impl HttpServer {
         host: &str,
         port: u16,
         unix_socket: Option<&Path>,
-        connections_max: usize,
-        body_limit_bytes: usize,
+        limits: HttpLimits,
         handler: Arc<dyn Handler>,
         metrics: Arc<HttpMetrics>,
     ) -> Result<HttpServer, String> {
@@ -233,12 +218,9 @@ impl HttpServer {
         let shared = Arc::new(Shared {
             handler,
             metrics,
-            body_limit_bytes,
-            connections_max,
+            limits,
             stop: AtomicBool::new(false),
-            open: AtomicUsize::new(0),
-            next_id: AtomicU64::new(0),
-            conns: Mutex::new(Default::default()),
+            slots: Slots::new(limits.connections_max),
         });
         let mut accepters = Vec::new();
         let s = shared.clone();
@@ -250,7 +232,7 @@ impl HttpServer {
                 match conn {
                     Ok(c) => {
                         let _ = c.set_nodelay(true);
-                        admit(&s, Stream::Tcp(c));
+                        admit(&s, Stream::tcp(c));
                     }
                     Err(e) => accept_failed(&e),
                 }
@@ -264,7 +246,7 @@ impl HttpServer {
                         return;
                     }
                     match conn {
-                        Ok(c) => admit(&s, Stream::Unix(c)),
+                        Ok(c) => admit(&s, Stream::unix(c)),
                         Err(e) => accept_failed(&e),
                     }
                 }
@@ -287,9 +269,7 @@ impl HttpServer {
         if let Some(p) = &self.unix_path {
             let _ = UnixStream::connect(p);
         }
-        for (_, c) in self.shared.conns.lock().drain() {
-            c.shutdown();
-        }
+        self.shared.slots.close_all();
         for t in self.accepters {
             let _ = t.join();
         }
@@ -308,58 +288,63 @@ fn accept_failed(e: &std::io::Error) {
 
 /// Starts a connection thread, or refuses the connection when too many are open.
 fn admit(s: &Arc<Shared>, mut conn: Stream) {
-    if s.open.fetch_add(1, Ordering::SeqCst) >= s.connections_max {
-        s.open.fetch_sub(1, Ordering::SeqCst);
-        conn.set_timeouts(Duration::from_millis(100));
+    let Some(slot) = s.slots.take() else {
+        let _ = conn.set_write_timeout(Duration::from_millis(100));
         let mut out = Vec::new();
         error_body(&mut out, "too many open connections; retry later");
-        let _ = write_reply(&mut conn, &Reply::json(503), &out, true, &mut Vec::new());
+        let _ = write_reply(&mut conn, &Reply::json(503), out.len(), &out, true, &mut Vec::new());
         return;
-    }
-    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    };
     if let Ok(c) = conn.try_clone() {
-        s.conns.lock().insert(id, c);
+        slot.watch(c);
     }
     let s2 = s.clone();
     let started =
         std::thread::Builder::new().name("http-conn".into()).stack_size(CONNECTION_STACK_BYTES).spawn(move || {
+            // Dropped however the thread ends: the slot comes back.
+            let _slot = slot;
             serve(&s2, conn);
-            s2.conns.lock().remove(&id);
-            s2.open.fetch_sub(1, Ordering::SeqCst);
         });
     if let Err(e) = started {
+        // The closure, slot included, is dropped with the error.
         crate::warn!("cannot start an HTTP connection thread: {e}");
-        s.conns.lock().remove(&id);
-        s.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// Serves one connection until it closes, errs, idles out, or the server stops.
+/// Serves one connection until it closes, errs, times out, or the server stops.
 fn serve(s: &Shared, conn: Stream) {
-    conn.set_timeouts(Duration::from_millis(IDLE_TIMEOUT_MS));
+    let idle = Duration::from_millis(IDLE_TIMEOUT_MS);
+    let head_timeout = Duration::from_secs(s.limits.head_timeout_s);
+    let body_timeout = Duration::from_secs(s.limits.body_timeout_s);
+    let _ = conn.set_write_timeout(idle);
     let Ok(mut writer) = conn.try_clone() else { return };
     let mut reader = BufReader::with_capacity(16 * 1024, conn);
     let mut scratch = Scratch::default();
     let (mut body, mut line, mut head_buf) = (Vec::new(), Vec::new(), Vec::new());
+    // A new connection must start its first request within the head timeout.
+    let mut first_byte = head_timeout;
     while !s.stop.load(Ordering::Relaxed) {
-        let head = match read_head(&mut reader, &mut line) {
+        let head = match read_head(&mut reader, &mut line, first_byte, head_timeout) {
             Ok(h) => h,
             Err(ReadError::Closed) | Err(ReadError::Io(_)) => return,
             Err(e) => {
                 refuse(&mut writer, &e, &mut scratch, &mut head_buf);
-                return;
+                return linger(&writer, &mut reader);
             }
         };
+        first_byte = idle;
         let started = Instant::now();
         let (path, query) = head.target.split_once('?').unwrap_or((head.target.as_str(), ""));
         let endpoint = Endpoint::of_path(path);
-        if let Err(e) = read_body(&mut reader, &mut writer, &head, s.body_limit_bytes, &mut body, &mut line) {
+        let limit = s.limits.body_limit_bytes;
+        if let Err(e) = read_body(&mut reader, &mut writer, &head, limit, started + body_timeout, &mut body, &mut line)
+        {
             if let ReadError::Io(_) = e {
                 return;
             }
             let status = refuse(&mut writer, &e, &mut scratch, &mut head_buf);
             s.metrics.record(endpoint, &head.method, status, started.elapsed());
-            return;
+            return linger(&writer, &mut reader);
         }
         let incoming =
             Incoming { method: &head.method, path, query, body: &body, authorization: head.authorization.as_deref() };
@@ -374,7 +359,9 @@ fn serve(s: &Shared, conn: Stream) {
             }
         };
         let close = head.close || s.stop.load(Ordering::Relaxed);
-        let written = write_reply(&mut writer, &reply, &scratch.out, close, &mut head_buf);
+        // A reply to HEAD announces its body's length but sends none.
+        let body_out = if head.method == "HEAD" { &[][..] } else { &scratch.out[..] };
+        let written = write_reply(&mut writer, &reply, scratch.out.len(), body_out, close, &mut head_buf);
         s.metrics.record(endpoint, &head.method, reply.status, started.elapsed());
         // Keep one huge reply (a dump) from pinning memory in this thread.
         if scratch.out.capacity() > 1 << 20 {
@@ -395,9 +382,32 @@ fn refuse(w: &mut Stream, e: &ReadError, scratch: &mut Scratch, head_buf: &mut V
         ReadError::Bad(why) => (400, format!("malformed HTTP request: {why}")),
         ReadError::HeadTooLarge => (431, "request headers too large".to_string()),
         ReadError::BodyTooLarge => (413, "request body over the limit (--body-limit-bytes)".to_string()),
+        ReadError::TimedOut => (
+            408,
+            "request not received in time (--http-head-timeout-s for the head, --http-body-timeout-s for the body)"
+                .to_string(),
+        ),
         ReadError::Closed | ReadError::Io(_) => return 0,
     };
     error_body(&mut scratch.out, &message);
-    let _ = write_reply(w, &Reply::json(status), &scratch.out, true, head_buf);
+    let _ = write_reply(w, &Reply::json(status), scratch.out.len(), &scratch.out, true, head_buf);
     status
+}
+
+/// Ends a refused connection: no more writes, then whatever the client
+/// still sends (bounded) is read and dropped until it closes.
+fn linger(writer: &Stream, reader: &mut BufReader<Stream>) {
+    writer.shutdown_write();
+    let deadline = Instant::now() + Duration::from_millis(LINGER_MS);
+    let mut left = LINGER_BYTES_MAX;
+    while left > 0 {
+        match fill(reader, deadline) {
+            Ok([]) | Err(_) => return,
+            Ok(bytes) => {
+                let n = bytes.len().min(left);
+                reader.consume(n);
+                left -= n;
+            }
+        }
+    }
 }

@@ -19,8 +19,6 @@ pub const REPLAY_IDLE_MS: u64 = 200;
 pub const CONTROL_QUEUE_MAX: usize = 1_024;
 /// Largest block size a listener accepts, in tokens.
 pub const BLOCK_SIZE_MAX: u32 = 1 << 20;
-/// Longest endpoint string accepted.
-pub const ENDPOINT_LEN_MAX: usize = 1_024;
 /// How long `remove_listener`, `remove_worker` and `sync` wait for a thread.
 pub const CONTROL_TIMEOUT_MS: u64 = 5_000;
 /// Shards and blocked listeners check for shutdown this often.

@@ -50,12 +50,22 @@ pub(crate) struct NewListener {
 /// Requests from the API to a listener thread.
 pub(crate) enum Control {
     Add(Box<NewListener>),
-    /// Close the listener; once acknowledged (with its final watermark),
-    /// nothing more from it reaches a shard.
+    /// Close the listener; once acknowledged, nothing more from it reaches
+    /// a shard.
     Remove {
         id: ListenerId,
-        done: Sender<Option<u64>>,
+        done: Sender<Removed>,
     },
+}
+
+/// What a removed listener leaves behind.
+#[derive(Default)]
+pub(crate) struct Removed {
+    /// Its final watermark.
+    pub last_seq: Option<u64>,
+    /// Every dp rank its stream named (the registered one first): the
+    /// workers it fed.
+    pub ranks: Vec<u32>,
 }
 
 /// What every listener thread shares.
@@ -172,15 +182,15 @@ fn handle_control(t: &ThreadCtx, listeners: &mut Vec<Listener>, msg: Control) {
             });
         }
         Control::Remove { id, done } => {
-            let last = match listeners.iter().position(|l| l.spec.id == id) {
+            let removed = match listeners.iter().position(|l| l.spec.id == id) {
                 Some(i) => {
                     let l = listeners.swap_remove(i);
                     t.held_gauge.fetch_sub(l.held.len() as u64, Ordering::Relaxed);
-                    l.seq.last()
+                    Removed { last_seq: l.seq.last(), ranks: l.ranks }
                 }
-                None => None,
+                None => Removed::default(),
             };
-            let _ = done.send(last);
+            let _ = done.send(removed);
         }
     }
 }

@@ -16,14 +16,14 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::config::{
-    IngestConfig, BLOCK_SIZE_MAX, CONTROL_QUEUE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, ENDPOINT_LEN_MAX,
-    LISTENERS_MAX,
+    IngestConfig, BLOCK_SIZE_MAX, CONTROL_QUEUE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, LISTENERS_MAX,
 };
 use super::counters::{Counters, IngestCounters};
 use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
 use super::shard::{run_shard, shard_for, ShardMsg};
 use super::sink::EventSink;
 use super::status::{ListenerId, ListenerInfo, ListenerShared};
+use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::WorkerId;
 use crate::wire::SkipCounters;
 
@@ -293,8 +293,10 @@ impl Ingest {
 
     /// Closes a listener. Once this returns, nothing more from it reaches
     /// a shard; its watermark is kept for a later registration of the key.
-    /// The worker's blocks stay until `remove_worker`.
-    pub fn remove_listener(&self, id: ListenerId) -> Result<(), IngestError> {
+    /// Returns every dp rank its stream named (the registered one first,
+    /// then ranks its batches overrode it with): the workers it fed, whose
+    /// blocks stay until `remove_worker`.
+    pub fn remove_listener(&self, id: ListenerId) -> Result<Vec<u32>, IngestError> {
         let entry = self.registry.lock().listeners.remove(&id).ok_or(IngestError::UnknownListener(id))?;
         let (done_tx, done_rx) = bounded(1);
         let timeout = Duration::from_millis(CONTROL_TIMEOUT_MS);
@@ -305,19 +307,18 @@ impl Ingest {
         let mut reg = self.registry.lock();
         reg.by_worker.remove(&entry.worker);
         reg.thread_load[entry.thread] -= 1;
-        match outcome {
-            Some(Some(last)) => {
-                if reg.watermarks.len() >= WATERMARKS_KEPT_MAX {
-                    if let Some(&old) = reg.watermarks.keys().next() {
-                        reg.watermarks.remove(&old);
-                    }
+        let Some(removed) = outcome else {
+            return Err(IngestError::Timeout("removing a listener"));
+        };
+        if let Some(last) = removed.last_seq {
+            if reg.watermarks.len() >= WATERMARKS_KEPT_MAX {
+                if let Some(&old) = reg.watermarks.keys().next() {
+                    reg.watermarks.remove(&old);
                 }
-                reg.watermarks.insert(entry.worker, last);
-                Ok(())
             }
-            Some(None) => Ok(()),
-            None => Err(IngestError::Timeout("removing a listener")),
+            reg.watermarks.insert(entry.worker, last);
         }
+        Ok(removed.ranks)
     }
 
     /// Seeds the watermark of `worker`'s next listener, as if an earlier
@@ -500,10 +501,10 @@ fn check_spec(spec: &ListenerSpec) -> Result<(), IngestError> {
     }
     let endpoints = std::iter::once(&spec.endpoint).chain(spec.replay_endpoint.as_ref());
     for endpoint in endpoints {
-        if endpoint.is_empty() || endpoint.len() > ENDPOINT_LEN_MAX || endpoint.contains('\0') {
+        if endpoint.is_empty() || endpoint.len() > ADDRESS_BYTES_MAX || endpoint.contains('\0') {
             return Err(IngestError::BadEndpoint {
                 endpoint: endpoint.chars().take(64).collect(),
-                reason: format!("must be 1..={ENDPOINT_LEN_MAX} bytes without NUL"),
+                reason: format!("must be 1..={ADDRESS_BYTES_MAX} bytes without NUL"),
             });
         }
     }

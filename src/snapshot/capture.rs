@@ -7,20 +7,9 @@
 //! Each index is dumped under its own writer lock, so its shards wait for
 //! that one dump; queries do not wait at all.
 
-use super::codec::STRING_BYTES_MAX;
 use super::{now_unix_ms, SavedIndex, SavedRegistration, Snapshot};
 use crate::registry::Registry;
 use rustc_hash::FxHashMap;
-
-/// Whether every string fits the format; an entry that does not is left
-/// out (and said) rather than saved under a cut name.
-fn fits(what: &str, strings: &[&str]) -> bool {
-    let ok = strings.iter().all(|s| s.len() <= STRING_BYTES_MAX);
-    if !ok {
-        crate::warn!("snapshot: {what} has a name or endpoint over {STRING_BYTES_MAX} bytes; left out");
-    }
-    ok
-}
 
 /// Captures the registry's state. Fails, writing nothing, when the writer
 /// shards do not drain in time: the dumps could then miss batches the
@@ -35,10 +24,6 @@ pub fn capture(registry: &Registry) -> Result<Snapshot, String> {
     for r in registry.registrations() {
         // An index is never removed while a registration uses it.
         let Some(h) = registry.index(&r.model_name, &r.tenant_id) else { continue };
-        let strings = [&r.endpoint, r.replay_endpoint.as_deref().unwrap_or(""), &r.model_name, &r.tenant_id];
-        if !fits(&format!("worker {}", r.worker), &strings) {
-            continue;
-        }
         registrations.push(SavedRegistration {
             worker: r.worker,
             endpoint: r.endpoint,
@@ -52,7 +37,6 @@ pub fn capture(registry: &Registry) -> Result<Snapshot, String> {
     let indexes = registry
         .indexes()
         .iter()
-        .filter(|h| fits("an index", &[&h.model_name, &h.tenant_id]))
         .map(|h| SavedIndex {
             model_name: h.model_name.clone(),
             tenant_id: h.tenant_id.clone(),

@@ -14,20 +14,25 @@
 //! body:
 //!   u32 registrations, each:
 //!     u64 instance_id, u32 dp_rank, u32 block_size,
-//!     str endpoint, opt_str replay_endpoint, str model_name, str tenant_id,
+//!     addr endpoint, opt_addr replay_endpoint, name model_name, name tenant_id,
 //!     u8 has_last_seq, [u64 last_seq]
-//!   u32 indexes, each:
-//!     str model_name, str tenant_id, u32 block_size,
+//!   u32 indexes (<= registry::INDEXES_MAX), each:
+//!     name model_name, name tenant_id, u32 block_size,
 //!     u32 workers, each: u64 instance_id, u32 dp_rank
 //!     u64 events, each:
 //!       u8 tag: bits 0-1 tier, bits 2-3 kind (0 stored, 1 removed, 2 cleared),
 //!               bit 4 has_parent (stored only), bits 5-7 zero
 //!       u32 worker (position in the index's worker table)
 //!       stored:  [u64 parent], u32 n, n x (u64 engine_hash, u64 local_hash)
-//!       removed: u32 n, n x u64 engine_hash
-//! str     = u32 len (<= STRING_BYTES_MAX), UTF-8 bytes
-//! opt_str = u8 present, [str]
+//!       removed: u32 n, n x u64 engine_hash     (n <= event::BLOCKS_PER_EVENT_MAX)
+//! name     = u32 len (1..=registry::NAME_BYTES_MAX), UTF-8 bytes
+//! addr     = u32 len (1..=endpoint::ADDRESS_BYTES_MAX), UTF-8 bytes
+//! opt_addr = u8 present, [addr]
 //! ```
+//!
+//! The limits are the daemon's own, so everything it holds can be written
+//! and read back: the registry refuses longer names and endpoints, and a
+//! stored chain longer than an event may be is written as chained events.
 //!
 //! Decoding checks, in order: magic (a foreign file), format (a future
 //! one; magic and format never move, so any future layout is recognised
@@ -38,8 +43,10 @@
 //! or an error: nothing is ever half-decoded.
 
 use super::{SavedIndex, SavedRegistration, Snapshot};
-use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
+use crate::endpoint::ADDRESS_BYTES_MAX;
+use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId, BLOCKS_PER_EVENT_MAX};
 use crate::ingest::{BLOCK_SIZE_MAX, LISTENERS_MAX};
+use crate::registry::{INDEXES_MAX, NAME_BYTES_MAX};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 use xxhash_rust::xxh3::xxh3_64;
@@ -54,16 +61,10 @@ pub const VERSION_BYTES_MAX: usize = 64;
 pub const HEADER_BYTES_MAX: usize = 8 + 4 + 2 + VERSION_BYTES_MAX + 8 * 4;
 /// Largest body accepted, in bytes (about 500 million (block, worker) pairs).
 pub const BODY_BYTES_MAX: u64 = 8 << 30;
-/// Longest string (endpoint, model, tenant) in a body, in bytes.
-pub const STRING_BYTES_MAX: usize = 1_024;
 /// Most registrations in a snapshot (one listener each).
 pub const REGISTRATIONS_MAX: usize = LISTENERS_MAX;
-/// Most indexes in a snapshot.
-pub const INDEXES_MAX: usize = 1 << 20;
 /// Most workers in one index's table.
 pub const WORKERS_PER_INDEX_MAX: usize = 1 << 22;
-/// Most blocks (or hashes) in one event.
-pub const BLOCKS_PER_EVENT_MAX: usize = 1 << 22;
 
 const TAG_TIER_MASK: u8 = 0b11;
 const TAG_KIND_SHIFT: u8 = 2;
@@ -142,8 +143,7 @@ impl SnapshotError {
 
 impl std::error::Error for SnapshotError {}
 
-/// Encodes a snapshot as a complete file image. Strings longer than
-/// `STRING_BYTES_MAX` are cut (`capture` leaves such entries out).
+/// Encodes a snapshot as a complete file image.
 pub fn encode(s: &Snapshot) -> Vec<u8> {
     let body = encode_body(s);
     let mut out = Vec::with_capacity(HEADER_BYTES_MAX + body.len());
@@ -170,7 +170,8 @@ fn truncate_utf8(s: &str, max: usize) -> &str {
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
-    let s = truncate_utf8(s, STRING_BYTES_MAX);
+    // Within the decoder's limits: the registry refuses longer names and endpoints.
+    debug_assert!(s.len() <= NAME_BYTES_MAX.max(ADDRESS_BYTES_MAX), "{s:?}");
     out.extend_from_slice(&(s.len() as u32).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
 }
@@ -219,8 +220,13 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
             out.extend_from_slice(&w.instance_id.to_le_bytes());
             out.extend_from_slice(&w.dp_rank.to_le_bytes());
         }
-        out.extend_from_slice(&(ix.events.len() as u64).to_le_bytes());
-        for e in &ix.events {
+        let pieces = |e: &Event| match &e.kind {
+            EventKind::Stored { blocks, .. } => blocks.len().div_ceil(BLOCKS_PER_EVENT_MAX).max(1),
+            _ => 1,
+        };
+        let events: u64 = ix.events.iter().map(|e| pieces(e) as u64).sum();
+        out.extend_from_slice(&events.to_le_bytes());
+        for e in ix.events.iter().flat_map(split_long) {
             let tier = e.tier.index() as u8;
             let (kind, parent) = match &e.kind {
                 EventKind::Stored { parent, .. } => (KIND_STORED, *parent),
@@ -252,6 +258,28 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
         }
     }
     out
+}
+
+/// `e`, or for a Stored event with more than `BLOCKS_PER_EVENT_MAX` blocks,
+/// chained events of at most that many, each under the last block of the one
+/// before (applied in order they store the same chain). Removed events come
+/// from engines, already within the limit.
+fn split_long(e: &Event) -> Vec<std::borrow::Cow<'_, Event>> {
+    use std::borrow::Cow;
+    match &e.kind {
+        EventKind::Stored { parent, blocks } if blocks.len() > BLOCKS_PER_EVENT_MAX => {
+            let mut parent = *parent;
+            blocks
+                .chunks(BLOCKS_PER_EVENT_MAX)
+                .map(|piece| {
+                    let event = Event::stored(e.worker, e.tier, parent, piece.to_vec());
+                    parent = piece.last().map(|b| b.engine_hash);
+                    Cow::Owned(event)
+                })
+                .collect()
+        }
+        _ => vec![Cow::Borrowed(e)],
+    }
 }
 
 /// What a header says, once checked.
@@ -395,9 +423,9 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
-    fn string(&mut self, what: &str) -> Res<String> {
+    fn string(&mut self, what: &str, max: usize) -> Res<String> {
         let n = self.u32()? as u64;
-        let n = self.count(n, STRING_BYTES_MAX, 1, what)?;
+        let n = self.count(n, max, 1, what)?;
         let bytes = self.take(n)?;
         match std::str::from_utf8(bytes) {
             Ok(s) => Ok(s.to_string()),
@@ -405,8 +433,9 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn name(&mut self, what: &str) -> Res<String> {
-        let s = self.string(what)?;
+    /// A non-empty string of at most `max` bytes.
+    fn name(&mut self, what: &str, max: usize) -> Res<String> {
+        let s = self.string(what, max)?;
         if s.is_empty() {
             return Err(self.malformed(format!("empty {what}")));
         }
@@ -439,10 +468,11 @@ fn decode_body(r: &mut Reader<'_>) -> Res<(Vec<SavedRegistration>, Vec<SavedInde
     for _ in 0..n {
         let worker = WorkerId::new(r.u64()?, r.u32()?);
         let block_size = r.block_size()?;
-        let endpoint = r.name("endpoint")?;
-        let replay_endpoint = if r.flag("replay endpoint")? { Some(r.name("replay endpoint")?) } else { None };
-        let model_name = r.name("model name")?;
-        let tenant_id = r.name("tenant id")?;
+        let endpoint = r.name("endpoint", ADDRESS_BYTES_MAX)?;
+        let replay_endpoint =
+            if r.flag("replay endpoint")? { Some(r.name("replay endpoint", ADDRESS_BYTES_MAX)?) } else { None };
+        let model_name = r.name("model name", NAME_BYTES_MAX)?;
+        let tenant_id = r.name("tenant id", NAME_BYTES_MAX)?;
         let last_seq = if r.flag("watermark")? { Some(r.u64()?) } else { None };
         if !keys.insert(worker) {
             return Err(r.malformed(format!("worker {worker} registered twice")));
@@ -472,8 +502,8 @@ fn decode_body(r: &mut Reader<'_>) -> Res<(Vec<SavedRegistration>, Vec<SavedInde
 }
 
 fn decode_index(r: &mut Reader<'_>) -> Res<SavedIndex> {
-    let model_name = r.name("model name")?;
-    let tenant_id = r.name("tenant id")?;
+    let model_name = r.name("model name", NAME_BYTES_MAX)?;
+    let tenant_id = r.name("tenant id", NAME_BYTES_MAX)?;
     let block_size = r.block_size()?;
     let n = r.u32()? as u64;
     let n = r.count(n, WORKERS_PER_INDEX_MAX, 12, "workers")?;

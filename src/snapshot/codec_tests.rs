@@ -201,3 +201,44 @@ fn random_bytes_never_panic() {
         }
     }
 }
+
+#[test]
+fn a_chain_longer_than_an_event_is_written_as_chained_events() {
+    let w = WorkerId::new(9, 1);
+    let n = BLOCKS_PER_EVENT_MAX + 5;
+    let blocks: Vec<StoredBlock> = (0..n as u64).map(|i| StoredBlock { engine_hash: i + 100, local_hash: i }).collect();
+    let mut s = sample();
+    s.indexes[1].events = vec![Event::stored(w, StorageTier::Disk, Some(7), blocks.clone())];
+    let back = decode(&encode(&s)).unwrap();
+    let (first, rest) = blocks.split_at(BLOCKS_PER_EVENT_MAX);
+    let want = vec![
+        Event::stored(w, StorageTier::Disk, Some(7), first.to_vec()),
+        Event::stored(w, StorageTier::Disk, Some(first.last().unwrap().engine_hash), rest.to_vec()),
+    ];
+    assert_eq!(back.indexes[1].events, want);
+    assert_eq!(back.registrations, s.registrations);
+}
+
+#[test]
+fn every_limit_is_the_daemon_s_own() {
+    // What the registry and ingest accept, a snapshot holds: at the limits
+    // it round-trips, past them it is refused.
+    let mut s = sample();
+    s.registrations[0].model_name = "m".repeat(NAME_BYTES_MAX);
+    s.registrations[0].endpoint = format!("tcp://{}:1", "h".repeat(ADDRESS_BYTES_MAX - 8));
+    s.indexes[1].tenant_id = "t".repeat(NAME_BYTES_MAX);
+    assert_eq!(decode(&encode(&s)).unwrap().registrations, s.registrations);
+    for long in [
+        |s: &mut Snapshot| s.registrations[0].model_name.push('m'),
+        |s: &mut Snapshot| s.registrations[0].endpoint.push('1'),
+        |s: &mut Snapshot| s.indexes[1].tenant_id.push('t'),
+    ] {
+        let mut s = s.clone();
+        long(&mut s);
+        // The encoder asserts what the registry guarantees; a file past it is refused.
+        let bytes = std::panic::catch_unwind(|| encode(&s));
+        if let Ok(bytes) = bytes {
+            assert!(matches!(decode(&bytes), Err(SnapshotError::Malformed { .. })));
+        }
+    }
+}

@@ -33,9 +33,7 @@ mod periodic;
 mod restore;
 
 pub use capture::capture;
-pub use codec::{
-    decode, encode, SnapshotError, BODY_BYTES_MAX, FORMAT_VERSION, HEADER_BYTES_MAX, MAGIC, STRING_BYTES_MAX,
-};
+pub use codec::{decode, encode, SnapshotError, BODY_BYTES_MAX, FORMAT_VERSION, HEADER_BYTES_MAX, MAGIC};
 pub use file::{SnapshotDir, WriteStats, FILE_NAME};
 pub use periodic::Periodic;
 pub use restore::{plan, restore, Plan, Restored};

@@ -19,17 +19,17 @@ use super::error::WireError;
 use super::extra_keys::{classify, BlockKeys, ExtraKey};
 use super::msgpack::{describe, item_to_u32, Item, Reader};
 use super::raw::{DecodedBatch, RawEvent, RawRemoved, RawStored};
+use crate::event::BLOCKS_PER_EVENT_MAX;
 
 /// Largest payload decoded; larger ones are refused unread.
 pub const PAYLOAD_BYTES_MAX: usize = 64 << 20;
 /// Most events in one batch.
 pub const EVENTS_PER_BATCH_MAX: u32 = 1 << 16;
-/// Most block hashes (and `extra_keys` entries) in one event.
-pub const BLOCKS_PER_EVENT_MAX: u32 = 1 << 18;
 /// Most token ids in one event.
 pub const TOKENS_PER_EVENT_MAX: u32 = 1 << 24;
-/// Longest string kept (LoRA names, salts, media, keys).
-pub const STRING_BYTES_MAX: usize = 64 << 10;
+/// Longest string an engine message may carry (event type, LoRA name,
+/// salt, medium, extra key).
+pub const ENGINE_STRING_BYTES_MAX: usize = 64 << 10;
 /// Events reserved up front; more grow the vector as they are actually read.
 const EVENTS_RESERVE_MAX: usize = 1024;
 
@@ -121,7 +121,7 @@ fn decode_event(r: &mut Reader<'_>) -> Result<RawEvent, WireError> {
 fn read_tag<'a>(r: &mut Reader<'a>) -> Result<&'a str, WireError> {
     let start = r.pos();
     match r.next()? {
-        Item::Str(bytes) => r.utf8(start, "event type", bytes, STRING_BYTES_MAX),
+        Item::Str(bytes) => r.utf8(start, "event type", bytes, ENGINE_STRING_BYTES_MAX),
         other => Err(WireError::at(start, format!("event type: expected a string, found {}", other.kind()))),
     }
 }
@@ -235,7 +235,7 @@ fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
 }
 
 fn read_str<'a>(r: &mut Reader<'a>, what: &str) -> Result<Option<&'a str>, WireError> {
-    r.str_or_nil(what, STRING_BYTES_MAX)
+    r.str_or_nil(what, ENGINE_STRING_BYTES_MAX)
 }
 
 /// An engine hash: uint64, int64 (two's complement) or bytes (last 8, big-endian).
@@ -264,7 +264,7 @@ fn read_hash_or_nil(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
 
 fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, WireError> {
     let len = r.array("block_hashes")?;
-    if len > BLOCKS_PER_EVENT_MAX {
+    if len as usize > BLOCKS_PER_EVENT_MAX {
         return Err(r.error(format!("block_hashes: {len} hashes, limit {BLOCKS_PER_EVENT_MAX}")));
     }
     // The reader guarantees len <= bytes left, so this reserve is bounded by the payload.
@@ -341,7 +341,7 @@ fn read_lora_slot<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>) -> Result<(), Wire
     let start = r.pos();
     match r.next()? {
         Item::Nil => {}
-        Item::Str(bytes) => f.lora_name = Some(r.utf8(start, "lora_name", bytes, STRING_BYTES_MAX)?),
+        Item::Str(bytes) => f.lora_name = Some(r.utf8(start, "lora_name", bytes, ENGINE_STRING_BYTES_MAX)?),
         Item::Map(len) => {
             for _ in 0..len {
                 match r.next()? {
@@ -364,7 +364,7 @@ fn read_extra_keys<'a>(r: &mut Reader<'a>) -> Result<Option<BlockKeys<'a>>, Wire
     let Some(len) = r.array_or_nil("extra_keys")? else {
         return Ok(None);
     };
-    if len > BLOCKS_PER_EVENT_MAX {
+    if len as usize > BLOCKS_PER_EVENT_MAX {
         return Err(r.error(format!("extra_keys: {len} entries, limit {BLOCKS_PER_EVENT_MAX}")));
     }
     let mut blocks = Vec::with_capacity(len as usize);
@@ -385,7 +385,7 @@ fn read_extra_keys<'a>(r: &mut Reader<'a>) -> Result<Option<BlockKeys<'a>>, Wire
 fn read_extra_key<'a>(r: &mut Reader<'a>) -> Result<ExtraKey<'a>, WireError> {
     let start = r.pos();
     match r.next()? {
-        Item::Str(bytes) => Ok(ExtraKey::Text(r.utf8(start, "extra key", bytes, STRING_BYTES_MAX)?)),
+        Item::Str(bytes) => Ok(ExtraKey::Text(r.utf8(start, "extra key", bytes, ENGINE_STRING_BYTES_MAX)?)),
         Item::Array(2) => {
             let first_start = r.pos();
             let first = r.next()?;
@@ -394,7 +394,7 @@ fn read_extra_key<'a>(r: &mut Reader<'a>) -> Result<ExtraKey<'a>, WireError> {
                 r.skip()?;
                 return Ok(ExtraKey::Other);
             };
-            let text = r.utf8(first_start, "extra key", bytes, STRING_BYTES_MAX)?;
+            let text = r.utf8(first_start, "extra key", bytes, ENGINE_STRING_BYTES_MAX)?;
             match r.next()? {
                 Item::Uint(_) | Item::Int(_) => Ok(ExtraKey::TextWithOffset(text)),
                 other => {

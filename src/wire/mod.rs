@@ -28,8 +28,7 @@ mod skip;
 
 pub use convert::{split_block_hash, WorkerConverter, GROUPS_TRACKED_MAX, SALTED_BLOCKS_MAX, SPLIT_FACTOR_MAX};
 pub use decode::{
-    decode_payload, BLOCKS_PER_EVENT_MAX, EVENTS_PER_BATCH_MAX, PAYLOAD_BYTES_MAX, STRING_BYTES_MAX,
-    TOKENS_PER_EVENT_MAX,
+    decode_payload, ENGINE_STRING_BYTES_MAX, EVENTS_PER_BATCH_MAX, PAYLOAD_BYTES_MAX, TOKENS_PER_EVENT_MAX,
 };
 pub use error::WireError;
 pub use extra_keys::CACHE_SALT_TAG;

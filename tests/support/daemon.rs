@@ -5,7 +5,9 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use super::WAIT_MS;
 
 /// A running daemon.
 pub struct Daemon {
@@ -53,7 +55,9 @@ impl Daemon {
         Daemon { child, port, base: format!("http://127.0.0.1:{port}"), lines: rx, log }
     }
 
-    /// Everything logged so far.
+    /// Everything logged so far. A line the daemon wrote may still be on
+    /// its way through the reader thread: to check for a line, use
+    /// `wait_logged`, or `terminate` first (which reads the log to its end).
     pub fn log(&mut self) -> &[String] {
         while let Ok(l) = self.lines.try_recv() {
             self.log.push(l);
@@ -61,11 +65,32 @@ impl Daemon {
         &self.log
     }
 
-    /// Sends SIGTERM and waits for the exit; returns the exit code.
+    /// Waits (bounded) until a logged line contains `text`; whether one did.
+    pub fn wait_logged(&mut self, text: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_millis(WAIT_MS);
+        loop {
+            if self.log().iter().any(|l| l.contains(text)) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.log.push(l),
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit, then reads the log to its end;
+    /// returns the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
         // SAFETY: plain kill(2) on our child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().ok().and_then(|s| s.code())
+        let code = self.child.wait().ok().and_then(|s| s.code());
+        // The reader thread ends at the end of stderr: then every line is here.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(WAIT_MS)) {
+            self.log.push(l);
+        }
+        code
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {

@@ -9,6 +9,7 @@ pub mod fake_peer;
 pub mod fault_engine;
 pub mod fault_proxy;
 pub mod harness;
+pub mod http_gen;
 pub mod index_sink;
 pub mod model_sink;
 pub mod publisher;

@@ -189,22 +189,24 @@ pub fn metric(d: &Daemon, name: &str) -> u64 {
     value.parse::<f64>().unwrap() as u64
 }
 
-/// The daemon counters the fault tests quote.
+/// The daemon counters the fault tests quote (`kv_indexer_<name>_total`).
+pub const COUNTERS: [&str; 10] = [
+    "gaps_detected",
+    "replays_ok",
+    "replays_partial",
+    "replays_failed",
+    "batches_replayed",
+    "batches_lost",
+    "batches_missed_at_join",
+    "duplicates_dropped",
+    "restarts",
+    "resyncs",
+];
+
+/// The `COUNTERS` of `d`, by name.
 pub fn counters(d: &Daemon) -> Value {
-    let names = [
-        "gaps_detected",
-        "replays_ok",
-        "replays_partial",
-        "replays_failed",
-        "batches_replayed",
-        "batches_lost",
-        "batches_missed_at_join",
-        "duplicates_dropped",
-        "restarts",
-        "resyncs",
-    ];
     let mut out = json!({});
-    for n in names {
+    for n in COUNTERS {
         out[n] = metric(d, &format!("kv_indexer_{n}_total")).into();
     }
     out

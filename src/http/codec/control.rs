@@ -12,10 +12,8 @@ use super::scan::Scan;
 use super::{BodyError, CONTROL_BODY_BYTES_MAX};
 use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
 use crate::ingest::BLOCK_SIZE_MAX;
+use crate::registry::NAME_BYTES_MAX;
 use std::borrow::Cow;
-
-/// Longest model name, tenant or salt a registration may create, in bytes.
-pub const NAME_BYTES_MAX: usize = 256;
 
 /// `POST /register`: one (instance, dp_rank) listener.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -30,10 +30,10 @@
 //!
 //! Writing is hand-rolled (a dump can hold millions of blocks); reading goes
 //! through serde, whose recursion limit bounds nesting; the body itself is
-//! bounded by `DUMP_BODY_BYTES_MAX`.
+//! bounded by `DUMP_BYTES_MAX`.
 
 use super::out::{push_str, push_u64};
-use super::{BodyError, DUMP_BODY_BYTES_MAX};
+use super::{BodyError, DUMP_BYTES_MAX};
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -129,6 +129,14 @@ fn write_event(out: &mut Vec<u8>, event: &Event, event_id: u64) {
     out.extend_from_slice(b"}}");
 }
 
+/// Whether a dump of `bytes` bytes is within `DUMP_BYTES_MAX`.
+pub fn check_dump_bytes(bytes: u64) -> Result<(), BodyError> {
+    if bytes > DUMP_BYTES_MAX {
+        return Err(BodyError::Invalid(format!("the dump is {bytes} bytes; the limit is {DUMP_BYTES_MAX}")));
+    }
+    Ok(())
+}
+
 /// Parses a `/dump` body (ours or Dynamo's) into its entries.
 pub fn parse_dump(body: &[u8]) -> Result<Vec<DumpEntry>, BodyError> {
     parse_dump_counted(body).map(|d| d.entries)
@@ -136,12 +144,7 @@ pub fn parse_dump(body: &[u8]) -> Result<Vec<DumpEntry>, BodyError> {
 
 /// Parses a `/dump` body and counts what was skipped.
 pub fn parse_dump_counted(body: &[u8]) -> Result<DumpParse, BodyError> {
-    if body.len() > DUMP_BODY_BYTES_MAX {
-        return Err(BodyError::Invalid(format!(
-            "dump body is {} bytes; the limit is {DUMP_BODY_BYTES_MAX}",
-            body.len()
-        )));
-    }
+    check_dump_bytes(body.len() as u64)?;
     let top: Top = serde_json::from_slice(body).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => BodyError::Unprocessable(format!("dump: {e}")),
         _ => BodyError::Malformed(format!("dump: {e}")),

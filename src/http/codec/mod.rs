@@ -48,7 +48,7 @@ mod workers;
 
 pub use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
 pub use control::{parse_peer, parse_register, parse_unregister, PeerRequest, RegisterRequest, UnregisterRequest};
-pub use dump::{parse_dump, parse_dump_counted, write_dump, DumpEntry, DumpParse};
+pub use dump::{check_dump_bytes, parse_dump, parse_dump_counted, write_dump, DumpEntry, DumpParse};
 pub use query::{parse_query, parse_query_by_hash, QueryRequest};
 pub use response::{write_error, write_query_response, write_status_ok};
 pub use workers::{aggregate_status, write_peers, write_workers, WorkerInfo, WorkerListener};
@@ -69,8 +69,10 @@ pub const QUERY_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// unregister, peers).
 pub const CONTROL_BODY_BYTES_MAX: usize = 64 * 1024;
 
-/// Largest `/dump` body accepted when recovering from a peer.
-pub const DUMP_BODY_BYTES_MAX: usize = 2 * 1024 * 1024 * 1024;
+/// Largest `/dump` document read: recovery refuses a peer's longer dump
+/// before downloading it (by its Content-Length) or once past it, and the
+/// parser refuses one too, so a dump is never fetched whole and then refused.
+pub const DUMP_BYTES_MAX: u64 = 4 << 30;
 
 /// Why a request body was refused. Each maps to one HTTP status; the message
 /// goes in `{"error": "..."}`, names the field and says what was expected.

@@ -1,0 +1,109 @@
+//! Fuzz of the HTTP/1.1 framing (`read_head`, `read_body`) with requests
+//! from a grammar that spells every token the framing reacts to
+//! (`support/http_gen.rs`), pipelined, fed through read buffers of 1 byte
+//! to 16 KiB so a head or chunk line ends anywhere in a read. For a
+//! generated case the framing must reach exactly the generator's verdict:
+//! the same method, target, body and connection handling for each request
+//! and then the end of the input (no byte left over or taken from the next
+//! request), or the same refusal (400, 413, 431). For a mutated case it
+//! must not panic, and never hand over a body past the limit.
+//!
+//! Cases: 200,000 by default; set `HTTP_FUZZ_CASES` for more,
+//! `HTTP_FUZZ_SEED` to explore other inputs.
+
+mod support;
+
+use std::io::BufReader;
+use std::time::{Duration, Instant};
+
+use kv_indexer::http::body::read_body;
+use kv_indexer::http::request::{read_head, ReadError};
+use support::http_gen::{case, Want, BODY_LIMIT};
+use support::rng::Rng;
+
+const CAPACITIES: [usize; 8] = [1, 2, 3, 5, 8, 17, 64, 16 * 1024];
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// What the framing concluded for one request, in the generator's terms.
+fn frame(r: &mut BufReader<&[u8]>, line: &mut Vec<u8>, body: &mut Vec<u8>) -> Option<Want> {
+    let second = Duration::from_secs(1);
+    let head = match read_head(r, line, second, second) {
+        Ok(h) => h,
+        Err(ReadError::Closed) => return None,
+        Err(e) => return Some(refusal(e)),
+    };
+    let mut sent = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    if let Err(e) = read_body(r, &mut sent, &head, BODY_LIMIT, deadline, body, line) {
+        return Some(refusal(e));
+    }
+    assert!(body.len() <= BODY_LIMIT, "a body past the limit was handed over");
+    if let Some(n) = head.content_length {
+        assert_eq!(body.len() as u64, n, "a body shorter or longer than its Content-Length");
+    }
+    let continue_sent = match sent.as_slice() {
+        b"" => false,
+        b"HTTP/1.1 100 Continue\r\n\r\n" => true,
+        other => panic!("wrote {:?} while reading a request", String::from_utf8_lossy(other)),
+    };
+    Some(Want::Ok { method: head.method, target: head.target, body: body.clone(), close: head.close, continue_sent })
+}
+
+fn refusal(e: ReadError) -> Want {
+    match e {
+        ReadError::Bad(_) => Want::Bad,
+        ReadError::BodyTooLarge => Want::TooLarge,
+        ReadError::HeadTooLarge => Want::HeadTooLarge,
+        ReadError::Closed | ReadError::Io(_) | ReadError::TimedOut => panic!("bytes in memory cannot fail so: {e:?}"),
+    }
+}
+
+#[test]
+fn the_framing_reaches_the_grammar_s_verdict_on_every_request() {
+    let cases = env_u64("HTTP_FUZZ_CASES", 200_000);
+    let mut rng = Rng::new(env_u64("HTTP_FUZZ_SEED", 7));
+    let (mut line, mut body) = (Vec::new(), Vec::new());
+    let mut seen = std::collections::BTreeMap::<&str, u64>::new();
+    for i in 0..cases {
+        let c = case(&mut rng);
+        let capacity = CAPACITIES[rng.below(CAPACITIES.len() as u64) as usize];
+        let mut r = BufReader::with_capacity(capacity, &c.bytes[..]);
+        let show = || format!("case {i}: {:?}", String::from_utf8_lossy(&c.bytes));
+        if c.wants == [Want::Any] {
+            // At most one request per two bytes can be framed.
+            for _ in 0..=c.bytes.len() / 2 {
+                match frame(&mut r, &mut line, &mut body) {
+                    Some(Want::Ok { close: false, .. }) => continue,
+                    _ => break,
+                }
+            }
+            *seen.entry("mutated").or_default() += 1;
+            continue;
+        }
+        for want in &c.wants {
+            let got = frame(&mut r, &mut line, &mut body);
+            assert_eq!(got.as_ref(), Some(want), "{}", show());
+            *seen.entry(label(want)).or_default() += 1;
+        }
+        if let Some(Want::Ok { close: false, .. }) = c.wants.last() {
+            assert_eq!(frame(&mut r, &mut line, &mut body), None, "bytes left after the last request: {}", show());
+        }
+    }
+    eprintln!("{cases} cases: {seen:?}");
+    for kind in ["ok", "400", "413", "431", "mutated"] {
+        assert!(seen.get(kind).is_some_and(|&n| n > 0) || cases < 1_000, "no {kind} case in {seen:?}");
+    }
+}
+
+fn label(w: &Want) -> &'static str {
+    match w {
+        Want::Ok { .. } => "ok",
+        Want::Bad => "400",
+        Want::TooLarge => "413",
+        Want::HeadTooLarge => "431",
+        Want::Any => "mutated",
+    }
+}
