@@ -49,6 +49,7 @@ pub struct Config {
     /// Per-request timeout when fetching a peer's dump.
     pub peer_timeout_ms: u64,
     pub log_level: crate::log::Level,
+    pub log_format: crate::log::Format,
     /// Pin listener and shard threads to cores.
     pub pin_threads: bool,
     /// Live (block, worker) pairs all indexes may hold; 0: no cap.
@@ -82,6 +83,7 @@ impl Default for Config {
             slow_joiner_ms: 1_000,
             peer_timeout_ms: 10_000,
             log_level: crate::log::Level::Info,
+            log_format: crate::log::Format::Text,
             pin_threads: true,
             max_pairs: MAX_PAIRS_DEFAULT,
             admin_token: None,
@@ -147,6 +149,7 @@ OPTIONS:
   --snapshot-interval-s N  seconds between snapshots (default 60; 0: only on stop)
   --no-pin                 do not pin listener and shard threads to cores
   --log-level LEVEL        error, warn, info or debug (default info; env KV_INDEXER_LOG)
+  --log-format F           text or json lines (default text; env KV_INDEXER_LOG_FORMAT)
   -h, --help               this text
   -V, --version            the version
 ";
@@ -218,6 +221,10 @@ where
         cfg.log_level =
             crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("KV_INDEXER_LOG: unknown level {v:?}")))?;
     }
+    if let Some(v) = env("KV_INDEXER_LOG_FORMAT").filter(|v| !v.trim().is_empty()) {
+        cfg.log_format = crate::log::Format::parse(&v)
+            .ok_or_else(|| CliError(format!("KV_INDEXER_LOG_FORMAT: {v:?} is not text or json")))?;
+    }
     if let Some(v) = env("KV_INDEXER_ADMIN_TOKEN").filter(|v| !v.is_empty()) {
         let t = crate::http::auth::AdminToken::new(&v).map_err(|e| CliError(format!("KV_INDEXER_ADMIN_TOKEN: {e}")))?;
         cfg.admin_token = Some(t);
@@ -264,6 +271,7 @@ where
             "--slow-joiner-ms",
             "--peer-timeout-ms",
             "--log-level",
+            "--log-format",
             "--max-pairs",
             "--admin-token",
             "--snapshot-dir",
@@ -305,6 +313,10 @@ where
             "--log-level" => {
                 cfg.log_level =
                     crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("--log-level: unknown level {v:?}")))?
+            }
+            "--log-format" => {
+                cfg.log_format = crate::log::Format::parse(&v)
+                    .ok_or_else(|| CliError(format!("--log-format: {v:?} is not text or json")))?
             }
             "--snapshot-dir" => {
                 if v.trim().is_empty() {
@@ -366,6 +378,13 @@ mod tests {
         assert_eq!((c.port, c.writer_threads, c.block_size), (9000, 4, Some(16)));
         assert_eq!(c.workers[1], WorkerArg { worker: WorkerId::new(2, 1), endpoint: "tcp://h:5558".into() });
         assert_eq!(c.peers, vec!["http://a:8090", "http://b:8091"]);
+    }
+
+    #[test]
+    fn log_format_parses() {
+        assert_eq!(run(&[]).unwrap().log_format, crate::log::Format::Text);
+        assert_eq!(run(&["--log-format", "json"]).unwrap().log_format, crate::log::Format::Json);
+        assert!(run(&["--log-format", "xml"]).is_err());
     }
 
     #[test]

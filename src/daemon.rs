@@ -28,7 +28,7 @@ use std::time::Duration;
 
 /// Runs the daemon until a stop signal; Err is a startup failure to report.
 pub fn run(cfg: Config) -> Result<(), String> {
-    crate::log::set_level(cfg.log_level);
+    crate::log::init(cfg.log_level, cfg.log_format);
     crate::signals::block();
     let stop = crate::signals::wait_for_stop();
 
@@ -67,7 +67,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         }
         None => {
             for args in workers {
-                registry.register(args).map_err(|e| format!("--workers: {e:?}"))?;
+                registry.register(args).map_err(|e| format!("--workers: {e}"))?;
             }
         }
     }
