@@ -123,7 +123,7 @@ USAGE:
 OPTIONS:
   --port N                 HTTP port (default 8090)
   --host ADDR              HTTP bind address (default 0.0.0.0)
-  --unix-socket PATH       also serve the API on this Unix socket
+  --unix-socket PATH       also serve the API on this Unix socket (mode 0660: the daemon's group)
   --threads N              writer shards applying events (default: from cores)
   --listener-threads N     threads owning the ZMQ sockets (default: from cores)
   --http-connections-max N most open HTTP connections, one thread each (default 1024)
@@ -135,7 +135,7 @@ OPTIONS:
   --replay-timeout-ms N    deadline of one gap replay (default 2000)
   --body-limit-bytes N     largest request body (default 16777216)
   --jump N                 positions per jump of the index search (default 32)
-  --min-initial-workers N  not ready until N workers are registered
+  --min-initial-workers N  /health answers 503 until N workers are registered
                            (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
   --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)
   --peer-timeout-ms N      timeout of a whole peer dump request (default 10000)

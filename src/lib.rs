@@ -17,6 +17,7 @@ pub mod recovery;
 pub mod registry;
 pub mod signals;
 pub mod snapshot;
+pub mod unix_socket;
 pub mod wire;
 
 pub use event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
