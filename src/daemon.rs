@@ -235,7 +235,8 @@ pub fn render_state_metrics(p: &mut Prom, registry: &Registry, readiness: &Readi
     let counters: [(&str, &str, u64); 19] = [
         ("batches_received", "Well-formed batches received.", ic.batches_received),
         ("batches_applied", "Batches applied (live and replayed).", ic.batches_applied),
-        ("events_applied", "Events handed to indexes.", ic.events_applied),
+        // Not `events_applied`: that family counts what the indexes applied, by type.
+        ("events_ingested", "Events handed by the writer shards to indexes.", ic.events_applied),
         ("malformed_messages", "Messages of the wrong shape, dropped.", ic.malformed_messages),
         ("undecodable_batches", "Batches whose payload could not be decoded.", ic.undecodable_batches),
         ("duplicates_dropped", "Batches already seen, dropped.", ic.duplicates_dropped),

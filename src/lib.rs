@@ -13,6 +13,7 @@ pub mod index;
 pub mod ingest;
 pub mod metrics;
 pub mod notify;
+pub mod process_metrics;
 pub mod recovery;
 pub mod registry;
 pub mod signals;

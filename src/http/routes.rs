@@ -274,6 +274,7 @@ impl Api {
             "Mutating requests refused for a missing or wrong admin token.",
             self.auth_refused.load(Ordering::Relaxed) as f64,
         );
+        crate::process_metrics::render(&mut p);
         s.out.clear();
         s.out.extend_from_slice(p.text.as_bytes());
         Reply { status: 200, content_type: "text/plain; version=0.0.4", www_authenticate: None }

@@ -11,6 +11,7 @@ pub mod fault_proxy;
 pub mod harness;
 pub mod index_sink;
 pub mod model_sink;
+pub mod prom_lint;
 pub mod publisher;
 pub mod rng;
 pub mod truth_check;
