@@ -100,3 +100,28 @@ fn the_lint_catches_what_promtool_refuses() {
         assert!(problems.iter().any(|p| p.contains(why)), "{why:?} not found for {bad:?}: {problems:?}");
     }
 }
+
+#[test]
+fn the_dashboard_only_names_metrics_the_daemon_exports() {
+    let text = scrape();
+    let families: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/grafana/kv-indexer.json");
+    let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut exprs = Vec::new();
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(exprs.len() > 20, "{exprs:?}");
+    let mut named = 0;
+    for expr in &exprs {
+        let words = expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'));
+        for w in words.filter(|w| ["kv_indexer_", "dynamo_kvindexer_", "process_"].iter().any(|p| w.starts_with(p))) {
+            let base = w.strip_suffix("_bucket").unwrap_or(w);
+            assert!(families.contains(&base), "the dashboard names {w}, which /metrics lacks: {expr}");
+            named += 1;
+        }
+    }
+    assert!(named >= exprs.len(), "every expression names a metric");
+}
