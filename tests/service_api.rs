@@ -285,7 +285,8 @@ fn health_waits_for_the_minimum_number_of_workers() {
 fn sigterm_stops_cleanly() {
     let mut d = Daemon::start(&[]);
     assert_eq!(d.terminate(), Some(0));
-    assert!(d.log().iter().any(|l| l.contains("stopped")), "{:?}", d.log());
+    // The last lines may still be on their way from the pipe.
+    assert!(wait_until(|| d.log().iter().any(|l| l.contains("stopped"))), "{:?}", d.log());
 }
 
 #[test]

@@ -78,7 +78,9 @@ fn stderr_that_is_the_journal_gets_syslog_priorities() {
     });
     let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !lines.iter().any(|l: &String| l.contains("cannot connect")) && Instant::now() < deadline {
+    // The listener may fail to connect before the API listens, or after.
+    let seen = |lines: &[String], needle: &str| lines.iter().any(|l| l.contains(needle));
+    while !(seen(&lines, "cannot connect") && seen(&lines, "listening on")) && Instant::now() < deadline {
         if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
             lines.push(l);
         }
@@ -99,17 +101,19 @@ fn elsewhere_every_line_has_a_timestamp_and_json_lines_parse() {
     let mut d = Daemon::start(&[]);
     assert!(d.log().iter().all(|l| stamped(l)), "{:?}", d.log());
     let _ = d.terminate();
+    assert!(wait_for_line(&mut d, " INFO stopped"), "{:?}", d.log());
     assert!(d.log().iter().all(|l| stamped(l)), "{:?}", d.log());
 
     let mut d = Daemon::start(&["--log-format", "json"]);
     let _ = d.terminate();
+    // The last lines may still be on their way from the pipe.
+    assert!(wait_for_line(&mut d, "\"msg\":\"stopped\""), "{:?}", d.log());
     for l in d.log() {
         let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"));
         assert!(stamped(&format!("{} ", v["ts"].as_str().unwrap())), "{l}");
         assert!(["error", "warn", "info", "debug"].contains(&v["level"].as_str().unwrap()), "{l}");
         assert!(v["msg"].is_string(), "{l}");
     }
-    assert!(d.log().iter().any(|l| l.contains("\"msg\":\"stopped\"")), "{:?}", d.log());
 }
 
 #[test]
@@ -149,5 +153,6 @@ fn a_recovered_gap_and_a_restart_are_logged_with_plain_numbers() {
     publish_chain(&mut p, 1);
     assert!(wait_for_line(&mut d, "restarted (seq 0 after 3)"), "{:?}", d.log());
     let _ = d.terminate();
+    assert!(wait_for_line(&mut d, " INFO stopped"), "{:?}", d.log());
     assert!(d.log().iter().all(|l| !l.contains("Some(") && !l.contains("None")), "{:?}", d.log());
 }
