@@ -5,8 +5,9 @@
 # Flags as in `kv-indexer --help`; KV_INDEXER_ADMIN_TOKEN and the other
 # KV_INDEXER_* variables work as environment (docker run -e).
 
-# Build: Rust plus the C/C++ compiler the vendored libzmq needs (in this image).
-FROM rust:1.85-bookworm AS build
+# Build: current stable Rust on Debian 12 (the runtime's glibc), with the
+# C/C++ compiler the vendored libzmq needs.
+FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
