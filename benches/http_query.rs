@@ -24,10 +24,13 @@
 //!
 //! Run: `cargo bench --bench http_query -- [--dynamo PATH/dynamo-indexer]
 //! [--secs 3] [--repeats 3] [--clients 1,8,64] [--ingest-rate 32000]
-//! [--only trace|synthetic] [--json PATH]`, or against a running server:
+//! [--only trace|synthetic] [--json PATH] [--trace PATH]`, or against a running server:
 //! `--url http://127.0.0.1:8090 [--pid PID]` (its engines are registered
 //! over `/register` like ours). Build Dynamo's with
 //! `cargo build --release --manifest-path benches/dynamo-service/Cargo.toml`.
+//! The trace workload reads `--trace` (default: the 800-request sample in
+//! `benches/data/`, so a fresh clone runs it; the README's figures use the
+//! full Mooncake conversation trace).
 
 #[path = "http_query/client.rs"]
 mod client;
@@ -86,7 +89,7 @@ fn parse_options() -> Result<Options, String> {
         ingest_rate: 32_000.0,
         only: None,
         json: format!("{target}/http_query.json"),
-        trace: concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/traces/conversation_trace.jsonl").to_string(),
+        trace: concat!(env!("CARGO_MANIFEST_DIR"), "/benches/data/sample_trace.jsonl").to_string(),
         server_core: 1,
         client_core: 0,
     };

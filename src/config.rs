@@ -48,6 +48,7 @@ pub struct Config {
     /// Per-request timeout when fetching a peer's dump.
     pub peer_timeout_ms: u64,
     pub log_level: crate::log::Level,
+    pub log_format: crate::log::Format,
     /// Pin listener and shard threads to cores.
     pub pin_threads: bool,
     /// Live (block, worker) pairs all indexes may hold; 0: no cap.
@@ -80,6 +81,7 @@ impl Default for Config {
             slow_joiner_ms: 1_000,
             peer_timeout_ms: 10_000,
             log_level: crate::log::Level::Info,
+            log_format: crate::log::Format::Text,
             pin_threads: true,
             max_pairs: MAX_PAIRS_DEFAULT,
             admin_token: None,
@@ -119,7 +121,7 @@ USAGE:
 OPTIONS:
   --port N                 HTTP port (default 8090)
   --host ADDR              HTTP bind address (default 0.0.0.0)
-  --unix-socket PATH       also serve the API on this Unix socket
+  --unix-socket PATH       also serve the API on this Unix socket (mode 0660: the daemon's group)
   --threads N              writer shards applying events (default: from cores)
   --listener-threads N     threads owning the ZMQ sockets (default: from cores)
   --http-connections-max N most open HTTP connections, one thread each (default 1024)
@@ -134,7 +136,7 @@ OPTIONS:
   --replay-timeout-ms N    deadline of one gap replay (default 2000)
   --body-limit-bytes N     largest request body (default 16777216)
   --jump N                 positions per jump of the index search (default 32)
-  --min-initial-workers N  not ready until N workers are registered
+  --min-initial-workers N  /health answers 503 until N workers are registered
                            (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
   --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)
   --peer-timeout-ms N      timeout of a whole peer dump request (default 10000)
@@ -148,6 +150,7 @@ OPTIONS:
   --snapshot-interval-s N  seconds between snapshots (default 60; 0: only on stop)
   --no-pin                 do not pin listener and shard threads to cores
   --log-level LEVEL        error, warn, info or debug (default info; env KV_INDEXER_LOG)
+  --log-format F           text or json lines (default text; env KV_INDEXER_LOG_FORMAT)
   -h, --help               this text
   -V, --version            the version
 ";
@@ -219,6 +222,10 @@ where
         cfg.log_level =
             crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("KV_INDEXER_LOG: unknown level {v:?}")))?;
     }
+    if let Some(v) = env("KV_INDEXER_LOG_FORMAT").filter(|v| !v.trim().is_empty()) {
+        cfg.log_format = crate::log::Format::parse(&v)
+            .ok_or_else(|| CliError(format!("KV_INDEXER_LOG_FORMAT: {v:?} is not text or json")))?;
+    }
     if let Some(v) = env("KV_INDEXER_ADMIN_TOKEN").filter(|v| !v.is_empty()) {
         let t = crate::http::auth::AdminToken::new(&v).map_err(|e| CliError(format!("KV_INDEXER_ADMIN_TOKEN: {e}")))?;
         cfg.admin_token = Some(t);
@@ -267,6 +274,7 @@ where
             "--slow-joiner-ms",
             "--peer-timeout-ms",
             "--log-level",
+            "--log-format",
             "--max-pairs",
             "--admin-token",
             "--snapshot-dir",
@@ -310,6 +318,10 @@ where
             "--log-level" => {
                 cfg.log_level =
                     crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("--log-level: unknown level {v:?}")))?
+            }
+            "--log-format" => {
+                cfg.log_format = crate::log::Format::parse(&v)
+                    .ok_or_else(|| CliError(format!("--log-format: {v:?} is not text or json")))?
             }
             "--snapshot-dir" => {
                 if v.trim().is_empty() {
@@ -374,6 +386,13 @@ mod tests {
         assert_eq!((c.port, c.writer_threads, c.block_size), (9000, 4, Some(16)));
         assert_eq!(c.workers[1], WorkerArg { worker: WorkerId::new(2, 1), endpoint: "tcp://h:5558".into() });
         assert_eq!(c.peers, vec!["http://a:8090", "http://b:8091"]);
+    }
+
+    #[test]
+    fn log_format_parses() {
+        assert_eq!(run(&[]).unwrap().log_format, crate::log::Format::Text);
+        assert_eq!(run(&["--log-format", "json"]).unwrap().log_format, crate::log::Format::Json);
+        assert!(run(&["--log-format", "xml"]).is_err());
     }
 
     #[test]

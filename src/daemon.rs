@@ -10,9 +10,13 @@
 //! with peers the slow-joiner window passes and a peer's dump is applied
 //! (replacing the snapshot's blocks of the workers it names), the gate
 //! opens and held events drain.
-//! READY=1 goes to systemd once recovery is done and enough workers are
-//! registered. On stop: the API closes, a last snapshot is written while
-//! ingest still runs, then ingest stops.
+//! Until then systemd's start timeout is extended step by step
+//! (`notify::StartupExtender`). READY=1 goes to systemd once recovery is
+//! done and the API serves; the worker gate (`--min-initial-workers`) is
+//! the router's business, reported by `/health` and systemd's `STATUS=`,
+//! so a slow engine never makes systemd kill a healthy daemon. On stop:
+//! the API closes, a last snapshot is written while ingest still runs, then
+//! ingest stops.
 
 use crate::config::Config;
 use crate::http::routes::{Api, Readiness};
@@ -28,9 +32,10 @@ use std::time::Duration;
 
 /// Runs the daemon until a stop signal; Err is a startup failure to report.
 pub fn run(cfg: Config) -> Result<(), String> {
-    crate::log::set_level(cfg.log_level);
+    crate::log::init(cfg.log_level, cfg.log_format);
     crate::signals::block();
     let stop = crate::signals::wait_for_stop();
+    let extender = crate::notify::StartupExtender::start();
 
     // Decoded whole before anything starts: a bad file is ignored, never half-applied.
     let snapshot_dir = cfg.snapshot_dir.as_deref().map(SnapshotDir::open).transpose()?.map(Arc::new);
@@ -67,7 +72,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         }
         None => {
             for args in workers {
-                registry.register(args).map_err(|e| format!("--workers: {e:?}"))?;
+                registry.register(args).map_err(|e| format!("--workers: {e}"))?;
             }
         }
     }
@@ -85,6 +90,9 @@ pub fn run(cfg: Config) -> Result<(), String> {
         auth_refused: Default::default(),
     });
     let http = HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api, metrics)?;
+    if let Some(path) = &cfg.unix_socket {
+        crate::unix_socket::grant(path)?;
+    }
     crate::info!(
         "kv-indexer {} listening on {}:{}{}",
         crate::version(),
@@ -108,13 +116,21 @@ pub fn run(cfg: Config) -> Result<(), String> {
         _ => None,
     };
 
-    // Tell systemd once ready; stop waiting if asked to stop first.
-    let mut notified = false;
+    // Serving a recovered state: systemd may consider the start done. The
+    // worker gate is reported as it changes; stop waiting if asked to stop.
+    drop(extender);
+    let mut reported: Option<Result<(), String>> = None;
     let signal = loop {
-        if !notified && readiness.check(&registry).is_ok() {
-            crate::info!("ready");
-            crate::notify::notify("READY=1");
-            notified = true;
+        let now = readiness.check(&registry);
+        if reported.as_ref() != Some(&now) {
+            match &now {
+                Ok(()) => crate::info!("ready"),
+                Err(why) => crate::info!("serving; not ready for routing yet: {why}"),
+            }
+            let status = now.as_ref().map_or_else(|why| why.as_str(), |()| "ready");
+            let ready = if reported.is_none() { "READY=1\n" } else { "" };
+            crate::notify::notify(&format!("{ready}STATUS={status}"));
+            reported = Some(now);
         }
         match stop.recv_timeout(Duration::from_millis(100)) {
             Ok(sig) => break sig,
@@ -211,7 +227,8 @@ pub fn render_state_metrics(p: &mut Prom, registry: &Registry, readiness: &Readi
     let counters: [(&str, &str, u64); 19] = [
         ("batches_received", "Well-formed batches received.", ic.batches_received),
         ("batches_applied", "Batches applied (live and replayed).", ic.batches_applied),
-        ("events_applied", "Events handed to indexes.", ic.events_applied),
+        // Not `events_applied`: that family counts what the indexes applied, by type.
+        ("events_ingested", "Events handed by the writer shards to indexes.", ic.events_applied),
         ("malformed_messages", "Messages of the wrong shape, dropped.", ic.malformed_messages),
         ("undecodable_batches", "Batches whose payload could not be decoded.", ic.undecodable_batches),
         ("duplicates_dropped", "Batches already seen, dropped.", ic.duplicates_dropped),

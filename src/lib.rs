@@ -13,10 +13,12 @@ pub mod index;
 pub mod ingest;
 pub mod metrics;
 pub mod notify;
+pub mod process_metrics;
 pub mod recovery;
 pub mod registry;
 pub mod signals;
 pub mod snapshot;
+pub mod unix_socket;
 pub mod wire;
 
 pub use event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};

@@ -1,7 +1,18 @@
-//! One line per thing an operator acts on, to stderr (the journal under
-//! systemd stamps the time). A global level switch; `debug` adds detail.
+//! One line per thing an operator acts on, to stderr. A global level switch;
+//! `debug` adds detail.
+//!
+//! The line's form follows where stderr goes. Under systemd
+//! (`JOURNAL_STREAM` names stderr's device and inode) each line starts with
+//! a syslog priority, `<3>` error to `<7>` debug, which journald strips and
+//! files, so `journalctl -p warning` works; journald stamps the time.
+//! Anywhere else a line starts with a UTC timestamp. `--log-format json`
+//! writes one JSON object a line (`ts`, `level`, `msg`), with the priority
+//! prefix still in front under journald. A line is written with one call,
+//! so lines from different threads never interleave.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// How much to log.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,13 +43,80 @@ impl Level {
             Level::Debug => "DEBUG",
         }
     }
+
+    fn name(self) -> &'static str {
+        match self {
+            Level::Error => "error",
+            Level::Warn => "warn",
+            Level::Info => "info",
+            Level::Debug => "debug",
+        }
+    }
+
+    /// The syslog priority journald files the line under.
+    fn syslog_priority(self) -> u8 {
+        match self {
+            Level::Error => 3,
+            Level::Warn => 4,
+            Level::Info => 6,
+            Level::Debug => 7,
+        }
+    }
+}
+
+/// The shape of a log line.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// `LEVEL message`, after a timestamp or a priority prefix.
+    Text,
+    /// `{"ts":..,"level":..,"msg":..}`.
+    Json,
+}
+
+impl Format {
+    /// Parses `text` or `json`.
+    pub fn parse(s: &str) -> Option<Format> {
+        match s.to_ascii_lowercase().as_str() {
+            "text" => Some(Format::Text),
+            "json" => Some(Format::Json),
+            _ => None,
+        }
+    }
 }
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Info as u8);
+static JSON: AtomicBool = AtomicBool::new(false);
+static JOURNAL: AtomicBool = AtomicBool::new(false);
 
 /// Sets the global level.
 pub fn set_level(level: Level) {
     LEVEL.store(level as u8, Ordering::Relaxed);
+}
+
+/// Sets level and format, and detects whether stderr is the journal.
+pub fn init(level: Level, format: Format) {
+    set_level(level);
+    JSON.store(format == Format::Json, Ordering::Relaxed);
+    let journal = std::env::var("JOURNAL_STREAM").ok().is_some_and(|v| stderr_is(&v));
+    JOURNAL.store(journal, Ordering::Relaxed);
+}
+
+/// Whether `journal_stream` ("device:inode", as systemd sets it) is stderr.
+/// A daemon started from a unit's shell inherits the variable with another
+/// stderr; only the same stream counts.
+fn stderr_is(journal_stream: &str) -> bool {
+    let Some((dev, ino)) = journal_stream.split_once(':') else {
+        return false;
+    };
+    let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else {
+        return false;
+    };
+    // SAFETY: fstat on fd 2 into a zeroed, correctly sized struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(2, &mut st) } != 0 {
+        return false;
+    }
+    st.st_dev as u64 == dev && st.st_ino as u64 == ino
 }
 
 /// Whether lines at `level` are written.
@@ -48,9 +126,63 @@ pub fn enabled(level: Level) -> bool {
 
 /// Writes one line if `level` is enabled. Use the `error!`, `warn!`, `info!`, `debug!` macros.
 pub fn write(level: Level, args: std::fmt::Arguments<'_>) {
-    if enabled(level) {
-        eprintln!("{} {}", level.tag(), args);
+    if !enabled(level) {
+        return;
     }
+    let format = if JSON.load(Ordering::Relaxed) { Format::Json } else { Format::Text };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let line = format_line(level, format, JOURNAL.load(Ordering::Relaxed), now.as_millis() as u64, &args.to_string());
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// One complete line, newline included. Newlines inside `msg` are escaped
+/// so one event stays one line.
+pub fn format_line(level: Level, format: Format, journal: bool, unix_ms: u64, msg: &str) -> String {
+    let mut line = String::with_capacity(msg.len() + 48);
+    if journal {
+        line.push_str(&format!("<{}>", level.syslog_priority()));
+    }
+    match format {
+        Format::Json => {
+            let ts = serde_json::Value::String(rfc3339_utc_ms(unix_ms));
+            let msg = serde_json::Value::String(msg.to_string());
+            line.push_str(&format!("{{\"ts\":{ts},\"level\":\"{}\",\"msg\":{msg}}}", level.name()));
+        }
+        Format::Text => {
+            if !journal {
+                line.push_str(&rfc3339_utc_ms(unix_ms));
+                line.push(' ');
+            }
+            line.push_str(level.tag());
+            line.push(' ');
+            line.push_str(&msg.replace('\n', "\\n"));
+        }
+    }
+    line.push('\n');
+    line
+}
+
+/// `2024-05-06T07:08:09.010Z` for milliseconds since the Unix epoch.
+pub fn rfc3339_utc_ms(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm), valid far past any clock we run on.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        unix_ms % 1000
+    )
 }
 
 /// Logs at error level.
@@ -65,3 +197,51 @@ macro_rules! info { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Info
 /// Logs at debug level.
 #[macro_export]
 macro_rules! debug { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Debug, format_args!($($t)*)) } }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_utc_rfc3339() {
+        assert_eq!(rfc3339_utc_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_utc_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339_utc_ms(1_733_057_445_007), "2024-12-01T12:50:45.007Z");
+        assert_eq!(rfc3339_utc_ms(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn the_journal_gets_a_priority_and_no_timestamp() {
+        assert_eq!(format_line(Level::Error, Format::Text, true, 0, "boom"), "<3>ERROR boom\n");
+        assert_eq!(format_line(Level::Warn, Format::Text, true, 0, "w"), "<4>WARN w\n");
+        assert_eq!(format_line(Level::Info, Format::Text, true, 0, "i"), "<6>INFO i\n");
+        assert_eq!(format_line(Level::Debug, Format::Text, true, 0, "d"), "<7>DEBUG d\n");
+    }
+
+    #[test]
+    fn a_terminal_gets_a_timestamp_and_one_line() {
+        assert_eq!(
+            format_line(Level::Warn, Format::Text, false, 1_000, "a\nb"),
+            "1970-01-01T00:00:01.000Z WARN a\\nb\n"
+        );
+    }
+
+    #[test]
+    fn json_lines_parse_and_escape() {
+        let line = format_line(Level::Warn, Format::Json, false, 1_000, "say \"hi\"\n");
+        let v: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
+        assert_eq!(v, serde_json::json!({"ts": "1970-01-01T00:00:01.000Z", "level": "warn", "msg": "say \"hi\"\n"}));
+        let line = format_line(Level::Error, Format::Json, true, 0, "x");
+        assert!(line.starts_with("<3>{\"ts\":"), "{line}");
+    }
+
+    #[test]
+    fn journal_stream_must_name_stderr() {
+        assert!(!stderr_is(""));
+        assert!(!stderr_is("0:0"));
+        assert!(!stderr_is("x:y"));
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::fstat(2, &mut st) }, 0);
+        assert!(stderr_is(&format!("{}:{}", st.st_dev, st.st_ino)));
+    }
+}

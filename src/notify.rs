@@ -1,8 +1,19 @@
 //! systemd readiness (`Type=notify`): one datagram to `$NOTIFY_SOCKET`,
 //! written by hand rather than through a library. Does nothing when the
 //! daemon is not started by systemd.
+//!
+//! Startup (snapshot load, peer recovery) may outlast `TimeoutStartSec`, so
+//! until `READY=1` a `StartupExtender` asks systemd for more time, a
+//! little at a time: a daemon that hangs still times out.
 
 use std::os::unix::net::UnixDatagram;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How often the start timeout is extended while the daemon starts.
+pub const EXTEND_EVERY_MS: u64 = 10_000;
+/// How much each extension asks for, from the moment it is sent.
+pub const EXTEND_BY_MS: u64 = 30_000;
 
 /// Sends `state` (e.g. `READY=1`) to systemd; returns whether it was sent.
 pub fn notify(state: &str) -> bool {
@@ -24,9 +35,45 @@ pub fn notify(state: &str) -> bool {
         sock.send_to(state.as_bytes(), std::path::Path::new(&path)).is_ok()
     };
     if !sent {
-        crate::warn!("could not notify systemd at {:?}", path);
+        crate::warn!("could not notify systemd at {}", path.to_string_lossy());
     }
     sent
+}
+
+/// Extends systemd's start timeout every `EXTEND_EVERY_MS` until dropped.
+pub struct StartupExtender {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StartupExtender {
+    /// Starts extending (at once, then periodically); a no-op outside systemd.
+    pub fn start() -> StartupExtender {
+        if std::env::var_os("NOTIFY_SOCKET").is_none() {
+            return StartupExtender { stop: None, thread: None };
+        }
+        let (tx, rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("notify-extend".into())
+            .spawn(move || loop {
+                notify(&format!("EXTEND_TIMEOUT_USEC={}\nSTATUS=starting", EXTEND_BY_MS * 1000));
+                match rx.recv_timeout(Duration::from_millis(EXTEND_EVERY_MS)) {
+                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                    _ => return,
+                }
+            })
+            .ok();
+        StartupExtender { stop: Some(tx), thread }
+    }
+}
+
+impl Drop for StartupExtender {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 #[cfg(test)]

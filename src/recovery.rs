@@ -52,7 +52,7 @@ pub fn apply_dump(registry: &Registry, entries: &[DumpEntry], out: &mut Recovere
         let handle = match registry.index_or_create(&entry.model_name, &entry.tenant_id, entry.block_size) {
             Ok(h) => h,
             Err(e) => {
-                crate::warn!("recovery: skipping model={:?} tenant={:?}: {e:?}", entry.model_name, entry.tenant_id);
+                crate::warn!("recovery: skipping model={:?} tenant={:?}: {e}", entry.model_name, entry.tenant_id);
                 continue;
             }
         };

@@ -204,6 +204,17 @@ pub enum RegistryError {
     Unavailable(String),
 }
 
+impl std::fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegistryError::Invalid(m)
+            | RegistryError::NotFound(m)
+            | RegistryError::Conflict(m)
+            | RegistryError::Unavailable(m) => f.write_str(m),
+        }
+    }
+}
+
 type Key = (String, String);
 
 #[derive(Default)]

@@ -243,11 +243,24 @@ fn unregister_removes_every_rank_its_listener_fed() {
     assert_eq!(d.post_json("/unregister", json!({"instance_id": 4, "model_name": "m"})).0, 404);
 }
 
+/// Removes the file when dropped, even if the test fails first.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 #[test]
-fn the_unix_socket_serves_the_same_api() {
+fn the_unix_socket_serves_the_same_api_and_is_gone_after_a_stop() {
     use std::io::{Read, Write};
+    use std::os::unix::fs::PermissionsExt;
     let path = std::env::temp_dir().join(format!("kv-indexer-test-{}.sock", std::process::id()));
-    let d = Daemon::start(&["--unix-socket", path.to_str().unwrap()]);
+    let _cleanup = RemoveOnDrop(path.clone());
+    let mut d = Daemon::start(&["--unix-socket", path.to_str().unwrap()]);
+    // Owner and group may connect, whatever the umask.
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o660);
     let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
     let body = r#"{"token_ids":[1,2,3,4],"model_name":"none"}"#;
     write!(s, "POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
@@ -256,7 +269,42 @@ fn the_unix_socket_serves_the_same_api() {
     s.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
     assert!(resp.contains(r#"{"error":"no indexer for model=none tenant=default"}"#), "{resp}");
-    drop(d);
+    assert_eq!(d.terminate(), Some(0));
+    assert!(!path.exists(), "a stopped daemon removes its socket");
+}
+
+#[test]
+fn a_wrong_method_is_405_with_the_allowed_one() {
+    use std::io::{Read, Write};
+    let d = Daemon::start(&[]);
+    for (method, path, allow) in
+        [("GET", "/query", "POST"), ("DELETE", "/register", "POST"), ("POST", "/health", "GET")]
+    {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", d.port)).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 405 "), "{resp}");
+        assert!(resp.contains(&format!("\r\nAllow: {allow}\r\n")), "{method} {path}: {resp}");
+    }
+}
+
+#[test]
+fn last_error_clears_once_the_listener_is_active_again() {
+    let d = Daemon::start(&[]);
+    // Nothing listens there yet: the listener fails to connect and says so.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let body = json!({"instance_id": 1, "endpoint": endpoint, "model_name": "m", "block_size": 4});
+    assert_eq!(d.post_json("/register", body).0, 201);
+    let listener = |d: &Daemon| d.get_json("/workers").1[0]["listeners"]["0"].clone();
+    assert!(wait_until(|| listener(&d)["last_error"].as_str().is_some_and(|e| e.contains("cannot connect"))));
+    // The engine comes up on that port.
+    let mut p =
+        TestPublisher::new(PublisherConfig { block_size: 4, endpoint: Some(endpoint), ..PublisherConfig::default() });
+    assert!(p.wait_subscribed(1));
+    assert!(wait_until(|| listener(&d)["status"] == "active"), "{}", listener(&d));
+    assert!(listener(&d).get("last_error").is_none(), "stale error on an active listener: {}", listener(&d));
 }
 
 #[test]
@@ -274,7 +322,8 @@ fn health_waits_for_the_minimum_number_of_workers() {
 fn sigterm_stops_cleanly() {
     let mut d = Daemon::start(&[]);
     assert_eq!(d.terminate(), Some(0));
-    assert!(d.log().iter().any(|l| l.contains("stopped")), "{:?}", d.log());
+    // The last lines may still be on their way from the pipe.
+    assert!(wait_until(|| d.log().iter().any(|l| l.contains("stopped"))), "{:?}", d.log());
 }
 
 #[test]

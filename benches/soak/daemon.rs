@@ -47,9 +47,11 @@ impl Daemon {
                     let port = rest.split_whitespace().next().and_then(|a| a.rsplit(':').next()?.parse::<u16>().ok());
                     let _ = port_tx.send(port);
                 }
-                let counter = if line.starts_with("ERROR") {
+                // Lines start with a timestamp, then the level.
+                let level = line.split_whitespace().nth(1).unwrap_or("");
+                let counter = if level == "ERROR" {
                     &l.errors
-                } else if line.starts_with("WARN") {
+                } else if level == "WARN" {
                     &l.warnings
                 } else {
                     continue;

@@ -274,9 +274,10 @@ impl Api {
             "Mutating requests refused for a missing or wrong admin token.",
             self.auth_refused.load(Ordering::Relaxed) as f64,
         );
+        crate::process_metrics::render(&mut p);
         s.out.clear();
         s.out.extend_from_slice(p.text.as_bytes());
-        Reply { status: 200, content_type: "text/plain; version=0.0.4", www_authenticate: None }
+        Reply { status: 200, content_type: "text/plain; version=0.0.4", www_authenticate: None, allow: None }
     }
 }
 
@@ -289,7 +290,9 @@ impl Handler for Api {
             _ => return fail(&mut s.out, 404, &format!("no endpoint {path}")),
         };
         if method != want {
-            return fail(&mut s.out, 405, &format!("{path} takes {want}, not {method}"));
+            let mut reply = fail(&mut s.out, 405, &format!("{path} takes {want}, not {method}"));
+            reply.allow = Some(want);
+            return reply;
         }
         let mutating = matches!(path, "/register" | "/unregister" | "/register_peer" | "/deregister_peer");
         if let (true, Some(token)) = (mutating, &self.admin_token) {

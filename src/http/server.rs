@@ -80,11 +80,13 @@ pub struct Reply {
     pub content_type: &'static str,
     /// A `WWW-Authenticate` challenge (with a 401).
     pub www_authenticate: Option<&'static str>,
+    /// The methods an endpoint takes, as the `Allow` header (with a 405).
+    pub allow: Option<&'static str>,
 }
 
 impl Reply {
     pub const fn json(status: u16) -> Reply {
-        Reply { status, content_type: "application/json", www_authenticate: None }
+        Reply { status, content_type: "application/json", www_authenticate: None, allow: None }
     }
 }
 
@@ -169,6 +171,9 @@ fn write_reply(
     );
     if let Some(challenge) = reply.www_authenticate {
         let _ = write!(head_buf, "WWW-Authenticate: {challenge}\r\n");
+    }
+    if let Some(methods) = reply.allow {
+        let _ = write!(head_buf, "Allow: {methods}\r\n");
     }
     head_buf.extend_from_slice(if close { b"Connection: close\r\n\r\n" } else { b"\r\n" });
     // One write for small replies: no delayed second segment.

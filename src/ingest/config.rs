@@ -23,6 +23,8 @@ pub const BLOCK_SIZE_MAX: u32 = 1 << 20;
 pub const CONTROL_TIMEOUT_MS: u64 = 5_000;
 /// Shards and blocked listeners check for shutdown this often.
 pub const SHUTDOWN_CHECK_MS: u64 = 50;
+/// Least time between two log lines about one endpoint that cannot be reached.
+pub const CONNECT_LOG_INTERVAL_MS: u64 = 30_000;
 /// Longest `last_error` kept per listener, in bytes.
 pub const LAST_ERROR_LEN_MAX: usize = 512;
 

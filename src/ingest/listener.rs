@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
-use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS, REPLAY_RETRIES_MAX};
+use super::config::{
+    IngestConfig, CONNECT_LOG_INTERVAL_MS, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS,
+    REPLAY_RETRIES_MAX,
+};
 use super::counters::Counters;
 use super::decode::{decode_live, decode_reply, Batch, Reply};
 use super::log::LogLimiter;
@@ -100,6 +103,12 @@ struct Listener {
     /// TCP connected, ZMQ handshake not done yet.
     handshaking: bool,
     log: LogLimiter,
+    /// Connection failures: the first at once, then one line per
+    /// `CONNECT_LOG_INTERVAL_MS` while the endpoint stays unreachable.
+    connect_log: LogLimiter,
+    /// How gaps ended (replayed, missed, resynced): kept apart from `log`
+    /// so the line saying a gap recovered is not swallowed by the one before.
+    gap_log: LogLimiter,
 }
 
 /// Which of a listener's sockets were readable after a poll.
@@ -179,6 +188,8 @@ fn handle_control(t: &ThreadCtx, listeners: &mut Vec<Listener>, msg: Control) {
                 ever_connected: false,
                 handshaking: false,
                 log: LogLimiter::default(),
+                connect_log: LogLimiter::every(Duration::from_millis(CONNECT_LOG_INTERVAL_MS)),
+                gap_log: LogLimiter::default(),
             });
         }
         Control::Remove { id, done } => {
@@ -239,8 +250,11 @@ impl Listener {
             // TCP is up; the peer is not known to be a publisher until the
             // ZMQ handshake succeeds.
             self.handshaking = true;
+            crate::debug!("listener of {endpoint}: TCP connected, ZMQ handshake under way");
         } else if event == E::HANDSHAKE_SUCCEEDED.to_raw() {
             self.handshaking = false;
+            // A later outage is news again: its first failure is logged at once.
+            self.connect_log.reset();
             // The first connection needs no note: a new listener's sequencer
             // already treats a kept watermark as crossed by a reconnect.
             if std::mem::replace(&mut self.ever_connected, true) {
@@ -258,11 +272,13 @@ impl Listener {
             }
         } else if event == E::CONNECT_RETRIED.to_raw() && !shared.is_failed() {
             // A failure's reason says more than "retrying": keep it.
-            shared.set_error(if self.ever_connected {
+            let error = if self.ever_connected {
                 format!("lost connection to {endpoint}; reconnecting, next try in {value} ms")
             } else {
                 format!("cannot connect to {endpoint}; retrying in {value} ms (is the engine's KV event publisher up?)")
-            });
+            };
+            self.connect_log.warn(|| format!("listener {}: {error}", shared.label()));
+            shared.set_error(error);
         } else if event == E::HANDSHAKE_FAILED_PROTOCOL.to_raw()
             || event == E::HANDSHAKE_FAILED_NO_DETAIL.to_raw()
             || event == E::HANDSHAKE_FAILED_AUTH.to_raw()
@@ -357,14 +373,16 @@ impl Listener {
                 }
                 Verdict::Duplicate => {
                     t.bump(&t.counters.duplicates_dropped, 1);
+                    let (endpoint, seq) = (&self.spec.endpoint, batch.seq);
+                    self.log.debug(|| format!("dropped batch {seq} from {endpoint}: already applied"));
                     return;
                 }
                 Verdict::Restart => {
                     t.bump(&t.counters.restarts, 1);
-                    let (endpoint, last) = (&self.spec.endpoint, self.seq.last());
+                    let (endpoint, last) = (&self.spec.endpoint, seq_text(self.seq.last()));
                     let seq = batch.seq;
                     self.log.warn(|| {
-                        format!("publisher {endpoint} restarted (seq {seq} after {last:?}); clearing its workers")
+                        format!("publisher {endpoint} restarted (seq {seq} after {last}); clearing its workers")
                     });
                     self.clear_workers(t);
                     self.seq.reset();
@@ -373,11 +391,11 @@ impl Listener {
                 Verdict::Rejoin => {
                     t.bump(&t.counters.gaps_detected, 1);
                     t.bump(&t.counters.resyncs, 1);
-                    let (endpoint, last) = (&self.spec.endpoint, self.seq.last());
+                    let (endpoint, last) = (&self.spec.endpoint, seq_text(self.seq.last()));
                     let seq = batch.seq;
                     self.log.warn(|| {
                         format!(
-                            "reconnected to {endpoint} with batches missing (seq {seq} after {last:?}); \
+                            "reconnected to {endpoint} with batches missing (seq {seq} after {last}); \
                              it may be a new process: clearing its workers and replaying from 0"
                         )
                     });
@@ -389,7 +407,7 @@ impl Listener {
                     if !fresh {
                         t.bump(&t.counters.gaps_detected, 1);
                         let endpoint = &self.spec.endpoint;
-                        self.log.info(|| format!("gap in the stream of {endpoint}: batches {from}..{to} missing"));
+                        self.log.debug(|| format!("gap in the stream of {endpoint}: batches {from}..{to} missing"));
                     }
                     if self.start_replay(t, from, to) {
                         // The trigger is older than anything held: it goes first.
@@ -413,6 +431,7 @@ impl Listener {
             Ok(run) => {
                 t.bump(&t.counters.replays_started, 1);
                 self.replay = Some(run);
+                crate::debug!("asked {endpoint} to replay batches {from}..{to}");
                 true
             }
             Err(e) => {
@@ -438,7 +457,7 @@ impl Listener {
             t.bump(&t.counters.batches_lost, missing);
             t.bump(&t.counters.resyncs, 1);
             let endpoint = &self.spec.endpoint;
-            self.log.warn(|| format!("lost batches {from}..{to} from {endpoint}; clearing its workers to resync"));
+            self.gap_log.warn(|| format!("lost batches {from}..{to} from {endpoint}; clearing its workers to resync"));
             self.clear_workers(t);
         }
         self.seq.accept(to - 1);
@@ -599,7 +618,10 @@ impl Listener {
             return false;
         }
         match run.retry(&t.ctx, endpoint, from, t.cfg.replay_batches_max) {
-            Ok(()) => true,
+            Ok(()) => {
+                crate::debug!("asked {endpoint} again, from batch {from} (retry {})", run.retries);
+                true
+            }
             Err(e) => {
                 self.log.warn(|| e);
                 false
@@ -630,15 +652,24 @@ impl Listener {
         };
         t.bump(outcome, 1);
         let (from, to, applied) = (run.from, run.to, run.applied);
-        let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or("");
+        let (live, endpoint) = (&self.spec.endpoint, self.spec.replay_endpoint.as_deref().unwrap_or(""));
         if missing > 0 {
-            self.log.warn(|| format!("replay of {from}..{to} from {endpoint} missed {missing} batches"));
+            self.gap_log.warn(|| format!("replay of {from}..{to} from {endpoint} missed {missing} batches"));
         } else {
-            self.log.info(|| format!("replayed batches {from}..{to} from {endpoint} ({applied} applied)"));
+            self.gap_log.info(|| {
+                format!(
+                    "gap {from}..{to} in the stream of {live} recovered: {applied} batches replayed from {endpoint}"
+                )
+            });
         }
         self.spec.shared.set_last_seq(self.seq.last());
         if t.gate_open.load(Ordering::Acquire) {
             self.drain_held(t);
         }
     }
+}
+
+/// A watermark for a log line: the seq, or "none" before the first.
+fn seq_text(seq: Option<u64>) -> String {
+    seq.map_or_else(|| "none".to_string(), |s| s.to_string())
 }

@@ -153,6 +153,19 @@ pub struct Ingest {
 
 static NEXT_INGEST_UID: AtomicU64 = AtomicU64::new(0);
 
+/// Pins the calling thread to `core`, if given. A refusal (a seccomp
+/// filter answering EPERM, a cpuset without that core) leaves the thread
+/// where the scheduler puts it, which costs some cache locality and nothing
+/// else: one warning for the whole process, never a failure.
+fn pin(core: Option<core_affinity::CoreId>) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let Some(core) = core else { return };
+    if !core_affinity::set_for_current(core) && !WARNED.swap(true, Ordering::Relaxed) {
+        let why = std::io::Error::last_os_error();
+        crate::warn!("cannot pin threads to cores ({why}); running unpinned (--no-pin silences this)");
+    }
+}
+
 impl Ingest {
     /// Starts the listener and shard threads.
     pub fn start(cfg: IngestConfig) -> Result<Ingest, IngestError> {
@@ -178,9 +191,7 @@ impl Ingest {
             let handle = std::thread::Builder::new()
                 .name(format!("kvi-shard-{j}"))
                 .spawn(move || {
-                    if let Some(core) = core {
-                        core_affinity::set_for_current(core);
-                    }
+                    pin(core);
                     run_shard(rx, skips, counters, shutdown)
                 })
                 .map_err(spawn_err)?;
@@ -203,9 +214,7 @@ impl Ingest {
             let handle = std::thread::Builder::new()
                 .name(format!("kvi-listen-{i}"))
                 .spawn(move || {
-                    if let Some(core) = core {
-                        core_affinity::set_for_current(core);
-                    }
+                    pin(core);
                     run_listener_thread(t, rx)
                 })
                 .map_err(spawn_err)?;

@@ -110,8 +110,15 @@ impl ListenerShared {
             }
         }
         if connected {
+            // A good connection ends whatever went wrong before.
             self.failed.store(false, Ordering::Relaxed);
+            *self.last_error.lock() = None;
         }
+    }
+
+    /// The listener's name in log lines.
+    pub(crate) fn label(&self) -> &str {
+        &self.label
     }
 
     pub(crate) fn set_failed(&self, error: String) {

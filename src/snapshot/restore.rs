@@ -193,7 +193,7 @@ pub fn restore(registry: &Registry, plan: Plan) -> Result<Restored, String> {
         let handle = match registry.index_or_create(&ix.model_name, &ix.tenant_id, ix.block_size) {
             Ok(h) => h,
             Err(e) => {
-                crate::warn!("snapshot: skipping index model={:?} tenant={:?}: {e:?}", ix.model_name, ix.tenant_id);
+                crate::warn!("snapshot: skipping index model={:?} tenant={:?}: {e}", ix.model_name, ix.tenant_id);
                 continue;
             }
         };
@@ -209,14 +209,14 @@ pub fn restore(registry: &Registry, plan: Plan) -> Result<Restored, String> {
         }
     }
     for args in plan.command_line {
-        registry.register(args).map_err(|e| format!("--workers: {e:?}"))?;
+        registry.register(args).map_err(|e| format!("--workers: {e}"))?;
         out.registrations += 1;
     }
     for args in plan.saved {
         let worker = WorkerId::new(args.instance_id, args.dp_rank);
         match registry.register(args) {
             Ok(()) => out.registrations += 1,
-            Err(e) => crate::warn!("snapshot: registration of worker {worker} not restored: {e:?}"),
+            Err(e) => crate::warn!("snapshot: registration of worker {worker} not restored: {e}"),
         }
     }
     let age_s = super::now_unix_ms().saturating_sub(plan.created_unix_ms) / 1_000;

@@ -49,7 +49,9 @@ impl Daemon {
             log.push(line.clone());
             if let Some(rest) = line.split(" listening on ").nth(1) {
                 let addr = rest.split_whitespace().next().unwrap();
-                break addr.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+                // The port ends at the first non-digit (a JSON line's closing quote).
+                let port: String = addr.rsplit(':').next().unwrap().chars().take_while(char::is_ascii_digit).collect();
+                break port.parse::<u16>().unwrap();
             }
         };
         Daemon { child, port, base: format!("http://127.0.0.1:{port}"), lines: rx, log }

@@ -12,6 +12,7 @@ pub mod harness;
 pub mod http_gen;
 pub mod index_sink;
 pub mod model_sink;
+pub mod prom_lint;
 pub mod publisher;
 pub mod rng;
 pub mod truth_check;
