@@ -175,9 +175,8 @@ impl Index {
         writer::Ctx { shared: &self.shared, tree: &self.tree }
     }
 
-    /// Runs `f` on the worker's state between two bumps of its version;
-    /// None when the worker has no slot (and `place` is false, or the index
-    /// is full).
+    /// Runs `f` on the worker's state; None when the worker has no slot
+    /// (and `place` is false, or the index is full).
     fn with_worker<R>(&self, worker: WorkerId, place: bool, f: impl FnOnce(&mut WorkerState) -> R) -> Option<R> {
         loop {
             let found = self.workers.read().lookup(worker);
@@ -189,11 +188,7 @@ impl Index {
             let mut cell = handle.cell.lock();
             // The slot may have been given to another worker meanwhile: look again.
             let Some(st) = cell.as_mut().filter(|st| st.id == worker) else { continue };
-            // Readers retry a worker whose version moved while they looked.
-            handle.bump();
-            let r = f(st);
-            handle.bump();
-            return Some(r);
+            return Some(f(st));
         }
     }
 

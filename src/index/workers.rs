@@ -25,6 +25,29 @@ pub(crate) struct WorkerState {
     /// Per (tier, block) the worker holds under more than one engine hash
     /// (rare: engines name one content with one hash), how many extra hashes.
     pub aliases: FxHashMap<(u8, u32), u32>,
+    /// The versions of the worker's group, which readers check.
+    versions: Arc<Versions>,
+}
+
+/// While alive, the worker's bits in the tree may be changing: its version
+/// is odd, and readers that saw it move look again.
+pub(crate) struct Changing {
+    versions: Arc<Versions>,
+    bit: usize,
+}
+
+impl Changing {
+    pub(crate) fn new(st: &WorkerState) -> Changing {
+        let bit = (st.slot % GROUP_BITS) as usize;
+        st.versions[bit].fetch_add(1, Ordering::AcqRel);
+        Changing { versions: st.versions.clone(), bit }
+    }
+}
+
+impl Drop for Changing {
+    fn drop(&mut self) {
+        self.versions[self.bit].fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 impl WorkerState {
@@ -39,18 +62,9 @@ impl WorkerState {
 /// One slot's state: `None` while the slot is free.
 pub(crate) type Cell = Arc<Mutex<Option<WorkerState>>>;
 
-/// A worker found or placed: its slot, state and the slot's versions.
+/// A worker found or placed: its slot and state.
 pub(crate) struct Handle {
-    pub slot: u32,
     pub cell: Cell,
-    pub versions: Arc<Versions>,
-}
-
-impl Handle {
-    /// Marks the start (odd) or end (even) of an event of this worker.
-    pub(crate) fn bump(&self) {
-        self.versions[(self.slot % GROUP_BITS) as usize].fetch_add(1, Ordering::AcqRel);
-    }
 }
 
 #[derive(Default)]
@@ -68,11 +82,7 @@ impl Workers {
     }
 
     fn handle(&self, slot: u32) -> Handle {
-        Handle {
-            slot,
-            cell: self.cells[slot as usize].clone(),
-            versions: self.versions[(slot / GROUP_BITS) as usize].clone(),
-        }
+        Handle { cell: self.cells[slot as usize].clone() }
     }
 
     /// The worker's slot, placing it in the lowest free one; None when full.
@@ -91,8 +101,13 @@ impl Workers {
         while self.versions.len() * (GROUP_BITS as usize) < self.cells.len() {
             self.versions.push(Arc::new(std::array::from_fn(|_| AtomicU64::new(0))));
         }
-        *self.cells[slot as usize].lock() =
-            Some(WorkerState { id: worker, slot, records: Default::default(), aliases: FxHashMap::default() });
+        *self.cells[slot as usize].lock() = Some(WorkerState {
+            id: worker,
+            slot,
+            records: Default::default(),
+            aliases: FxHashMap::default(),
+            versions: self.versions[(slot / GROUP_BITS) as usize].clone(),
+        });
         self.slot_of.insert(worker, slot);
         self.publish(slots);
         Some(self.handle(slot))

@@ -21,7 +21,7 @@
 use super::blocks::NIL;
 use super::chain;
 use super::tree::{Holder, Shared, Tree};
-use super::workers::WorkerState;
+use super::workers::{Changing, WorkerState};
 use super::ApplyOutcome;
 use crate::event::{StorageTier, StoredBlock};
 use parking_lot::Mutex;
@@ -273,6 +273,8 @@ fn store_part(
     {
         let mut tree = ctx.tree.lock();
         let tree = &mut *tree;
+        // Readers retry a worker whose version moved while they looked.
+        let _changing = Changing::new(st);
         let (mut cur, mut pos, mut pchain) = match parent_id {
             None => (NIL, 0u32, None),
             Some(p) => (p, tree.position(shared, p) + 1, Some(tree.chain(shared, p))),
@@ -471,6 +473,8 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
     {
         let mut tree = ctx.tree.lock();
         let tree = &mut *tree;
+        // Readers retry a worker whose version moved while they looked.
+        let _changing = Changing::new(st);
         let mut marks = Marks::new(Holder { tier, group, bit }, false);
         let mut touched: FxHashSet<u32> = FxHashSet::default();
         for &id in &gone {
@@ -503,6 +507,7 @@ pub(crate) fn clear(ctx: &Ctx, st: &mut WorkerState) -> u64 {
     let mut dropped = 0;
     let mut tree = ctx.tree.lock();
     let tree = &mut *tree;
+    let _changing = Changing::new(st);
     let mut touched: FxHashSet<u32> = FxHashSet::default();
     for (tier, records) in taken.iter().enumerate() {
         let mut places: Vec<(u32, u32)> = records.iter().map(|&(_, id)| tree.locate(id)).collect();
