@@ -33,6 +33,10 @@ const DEVICE: usize = StorageTier::Device as usize;
 const PREFETCH_AHEAD: usize = 16;
 /// Pairs taken from the shared budget at a time while following existing blocks.
 const PAIR_CREDIT: u64 = 64;
+/// Blocks an event changes in the tree before it lets readers in: a long
+/// prefill is applied as pieces, so a query waits for one piece, not for
+/// the whole event.
+const PIECE_BLOCKS: usize = 128;
 
 #[inline]
 pub(crate) fn split(slot: u32) -> (u32, u64) {
@@ -271,18 +275,27 @@ fn store_part(
     let mut delta = Delta::default();
     let mut refused = None;
     {
-        let mut tree = ctx.tree.lock();
-        let tree = &mut *tree;
+        let mut guard = ctx.tree.lock();
         // Readers retry a worker whose version moved while they looked.
-        let _changing = Changing::new(st);
+        let mut changing = Changing::new(st);
+        let mut piece_end = PIECE_BLOCKS;
         let (mut cur, mut pos, mut pchain) = match parent_id {
             None => (NIL, 0u32, None),
-            Some(p) => (p, tree.position(shared, p) + 1, Some(tree.chain(shared, p))),
+            Some(p) => (p, guard.position(shared, p) + 1, Some(guard.chain(shared, p))),
         };
         let mut marks = Marks::new(holder, true);
         let mut credit = Credit { shared, left: 0 };
         while ids.len() < blocks.len() {
             let k = ids.len();
+            if k >= piece_end {
+                // A piece done: readers may look between pieces.
+                marks.flush(&mut guard, shared);
+                drop(changing);
+                parking_lot::MutexGuard::bump(&mut guard);
+                changing = Changing::new(st);
+                piece_end = k + PIECE_BLOCKS;
+            }
+            let tree = &mut *guard;
             if pos as usize >= shared.depth_max {
                 out.depth_exceeded += (blocks.len() - k) as u32;
                 refused = Some(Refusal::Depth);
@@ -298,8 +311,9 @@ fn store_part(
                 continue;
             }
             let Some(id) = tree.next(shared, cur, pos, chain) else {
-                // From here on nothing exists: create the rest in one go.
+                // From here on nothing exists: create the rest of the piece in one go.
                 marks.flush(tree, shared);
+                let n = (piece_end - k).min(blocks.len() - k);
                 refused = create(
                     tree,
                     shared,
@@ -308,13 +322,19 @@ fn store_part(
                     cur,
                     pos,
                     chain,
-                    &blocks[k..],
-                    &previous[k..],
+                    &blocks[k..k + n],
+                    &previous[k..k + n],
                     &mut ids,
                     &mut delta,
                     out,
                 );
-                break;
+                if refused.is_some() || ids.len() == blocks.len() {
+                    break;
+                }
+                cur = *ids.last().expect("created");
+                pchain = Some(tree.chain(shared, cur));
+                pos += n as u32;
+                continue;
             };
             let (run, off) = tree.locate(id);
             let alias = tree.members(shared, run, tier).is_some_and(|m| m.holds(group, bit, off));
@@ -340,6 +360,7 @@ fn store_part(
             ids.push(id);
             (cur, pchain, pos) = (id, Some(chain), pos + 1);
         }
+        let tree = &mut *guard;
         marks.flush(tree, shared);
         if matches!(refused, Some(Refusal::Shed | Refusal::Full)) {
             // Hashes of refused blocks that named other blocks: the engine
@@ -348,6 +369,7 @@ fn store_part(
                 release_block(tree, shared, st, tier, old, &mut delta);
             }
         }
+        drop(changing);
     }
 
     // The records, outside the tree lock.
@@ -471,18 +493,34 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
     }
     let shared = ctx.shared;
     {
-        let mut tree = ctx.tree.lock();
-        let tree = &mut *tree;
+        let mut guard = ctx.tree.lock();
         // Readers retry a worker whose version moved while they looked.
-        let _changing = Changing::new(st);
+        let mut changing = Changing::new(st);
         let mut marks = Marks::new(Holder { tier, group, bit }, false);
-        let mut touched: FxHashSet<u32> = FxHashSet::default();
-        for &id in &gone {
-            marks.add(tree, shared, id);
-            touched.insert(tree.locate(id).0);
+        let mut touched: Vec<u32> = Vec::new();
+        for piece in gone.chunks(PIECE_BLOCKS) {
+            if !touched.is_empty() {
+                // A piece done: readers may look between pieces.
+                marks.flush(&mut guard, shared);
+                drop(changing);
+                parking_lot::MutexGuard::bump(&mut guard);
+                changing = Changing::new(st);
+            }
+            let tree = &mut *guard;
+            for &id in piece {
+                marks.add(tree, shared, id);
+                let run = tree.locate(id).0;
+                if touched.last() != Some(&run) {
+                    touched.push(run);
+                }
+            }
         }
+        let tree = &mut *guard;
         marks.flush(tree, shared);
+        touched.sort_unstable();
+        touched.dedup();
         trim_all(tree, shared, touched);
+        drop(changing);
     }
     Delta { added: 0, dropped: gone.len() as u64 }.apply(shared, tier);
 }
