@@ -40,6 +40,8 @@ fn an_untrustworthy_file_is_reported_and_ignored_never_half_loaded() {
     *flipped.last_mut().unwrap() ^= 0x01;
     let mut future = valid.clone();
     future[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    let mut old = valid.clone();
+    old[8..12].copy_from_slice(&(FORMAT_VERSION - 1).to_le_bytes());
     // Checksums right, content wrong: the registrations decode, the index
     // section after them does not; nothing may be applied.
     let half = reseal(&valid, &body[..body.len() - 1]);
@@ -50,6 +52,7 @@ fn an_untrustworthy_file_is_reported_and_ignored_never_half_loaded() {
         ("corrupt", flipped, "body checksum mismatch"),
         ("foreign", b"{\"some\": \"json\"}\n".to_vec(), "not a kv-indexer snapshot"),
         ("future", future, "written by a newer kv-indexer"),
+        ("old", old, "written by an older kv-indexer in format 1"),
         ("half", half, "malformed body"),
     ];
     for (name, bytes, phrase) in cases {

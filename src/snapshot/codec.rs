@@ -53,8 +53,10 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// First bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"KVIXSNAP";
-/// The format this build writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this build writes and the only one it reads. Format 2 dumps
+/// every block a worker holds (stand-in ancestors, removed again, carry
+/// blocks held without their prefix); format 1 files left those out.
+pub const FORMAT_VERSION: u32 = 2;
 /// Longest daemon version string in a header, in bytes.
 pub const VERSION_BYTES_MAX: usize = 64;
 /// Largest header: the fixed fields plus the longest version string.
@@ -85,6 +87,8 @@ pub enum SnapshotError {
     FutureVersion { format: u32 },
     /// A format number no build ever wrote.
     UnknownVersion { format: u32 },
+    /// Written by an older build in a format this one no longer reads.
+    OldVersion { format: u32 },
     /// The file ends early.
     Truncated { have: u64, need: u64 },
     /// More bytes than the header announces.
@@ -111,6 +115,12 @@ impl fmt::Display for SnapshotError {
                 "written by a newer kv-indexer in format {format}; this build reads up to format {FORMAT_VERSION}"
             ),
             SnapshotError::UnknownVersion { format } => write!(f, "unknown format {format}"),
+            SnapshotError::OldVersion { format } => write!(
+                f,
+                "written by an older kv-indexer in format {format}, whose snapshots left out blocks held \
+                 without their prefix; this build reads format {FORMAT_VERSION} only (the next snapshot is \
+                 written in it)"
+            ),
             SnapshotError::Truncated { have, need } => {
                 write!(f, "truncated: {have} bytes where at least {need} are needed")
             }
@@ -311,6 +321,9 @@ fn decode_header(bytes: &[u8]) -> Result<Header, SnapshotError> {
     }
     if format == 0 {
         return Err(SnapshotError::UnknownVersion { format });
+    }
+    if format < FORMAT_VERSION {
+        return Err(SnapshotError::OldVersion { format });
     }
     let version_len = u16::from_le_bytes([bytes[12], bytes[13]]) as usize;
     if version_len > VERSION_BYTES_MAX {
