@@ -30,7 +30,19 @@ use std::time::Duration;
 pub fn run(cfg: Config) -> Result<(), String> {
     crate::log::set_level(cfg.log_level);
     crate::signals::block();
-    let stop = crate::signals::wait_for_stop();
+    let hangup = crate::signals::Hangup::default();
+    let stop = crate::signals::wait_for_stop(hangup.clone());
+    let access_log = crate::http::access_log::AccessLog::open(&cfg.access_log)?.map(Arc::new);
+    if let Some(log) = &access_log {
+        let log = log.clone();
+        let reopen = move || match log.reopen() {
+            Ok(()) => crate::info!("access log reopened on SIGHUP"),
+            Err(e) => crate::warn!("reopening the access log on SIGHUP: {e}"),
+        };
+        if let Ok(mut h) = hangup.lock() {
+            *h = Some(Box::new(reopen));
+        }
+    }
 
     // Decoded whole before anything starts: a bad file is ignored, never half-applied.
     let snapshot_dir = cfg.snapshot_dir.as_deref().map(SnapshotDir::open).transpose()?.map(Arc::new);
@@ -83,8 +95,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
         metrics: metrics.clone(),
         admin_token: cfg.admin_token.clone(),
         auth_refused: Default::default(),
+        access_log: access_log.clone(),
     });
-    let http = HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api, metrics)?;
+    let http =
+        HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api, metrics, access_log.clone())?;
     crate::info!(
         "kv-indexer {} listening on {}:{}{}",
         crate::version(),
@@ -134,6 +148,12 @@ pub fn run(cfg: Config) -> Result<(), String> {
         }
     }
     ingest.shutdown();
+    if let Ok(mut h) = hangup.lock() {
+        *h = None;
+    }
+    if let Some(log) = &access_log {
+        log.stop();
+    }
     if let Some(p) = &cfg.unix_socket {
         let _ = std::fs::remove_file(p);
     }
