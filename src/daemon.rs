@@ -227,6 +227,8 @@ pub fn render_state_metrics(p: &mut Prom, registry: &Registry, readiness: &Readi
         p.sample("kv_indexer_blocks_total", &[("outcome", o)], v.load(r) as f64);
     }
 
+    c.dynamo.render(p);
+
     let ic = registry.ingest().counters();
     let counters: [(&str, &str, u64); 19] = [
         ("batches_received", "Well-formed batches received.", ic.batches_received),

@@ -49,6 +49,8 @@ pub struct ApplyCounters {
     /// Blocks refused at the `--max-pairs` cap.
     pub blocks_shed: AtomicU64,
     pub pairs_cleared: AtomicU64,
+    /// The same events by Dynamo's metric labels.
+    pub dynamo: crate::event_status::EventStatusCounters,
 }
 
 impl ApplyCounters {
@@ -68,6 +70,7 @@ impl ApplyCounters {
         self.blocks_rejected.fetch_add(o.rejected as u64, r);
         self.blocks_shed.fetch_add(o.shed as u64, r);
         self.pairs_cleared.fetch_add(o.cleared as u64, r);
+        self.dynamo.add(kind, o);
     }
 }
 
