@@ -128,7 +128,8 @@ impl Api {
             local_hashes_into(&s.tokens, block_size as usize, seed, &mut s.hashes);
         }
         let matches = h.index.find_matches(&s.hashes);
-        let registered = h.registered();
+        // Dynamo lists only workers that matched; every registered one on request.
+        let registered = if req.include_unmatched { h.registered() } else { Vec::new() };
         s.out.clear();
         codec::write_query_response(&mut s.out, &matches, &registered, block_size, s.hashes.len());
         Reply::json(200)
