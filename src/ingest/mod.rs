@@ -87,6 +87,7 @@ mod counters;
 mod decode;
 mod listener;
 mod log;
+mod poller;
 mod replay;
 mod sequencer;
 mod service;
