@@ -14,7 +14,9 @@
 //! bench checks that by comparing their answers to the same sample queries.
 //!
 //! After each workload's cells, the churn runs alone for a window (no
-//! queries) to read the server's CPU per ingested block.
+//! queries) to read the server's CPU per ingested block. Before each
+//! repeat, the server sits idle for a window (engines registered and
+//! connected, nothing published, no queries) to read its idle CPU.
 //!
 //! Server CPU per query is utime+stime of the server process over the
 //! measured window divided by the replies completed in it (10 ms ticks;
@@ -178,6 +180,12 @@ struct IngestOnly {
     core_use: f64,
 }
 
+/// Server CPU with nothing to do: engines connected, no events, no queries.
+struct Idle {
+    server: String,
+    core_use: f64,
+}
+
 /// A server under test, with its engines.
 struct Target {
     server: Server,
@@ -333,6 +341,20 @@ fn measure_ingest_only(
     Ok(row)
 }
 
+/// Reads the server's CPU over a window in which nothing happens.
+fn measure_idle(server: &Server, o: &Options) -> Result<Idle, String> {
+    // Let the previous cell's work drain first.
+    std::thread::sleep(Duration::from_secs_f64(o.warmup_secs));
+    let (t0, c0) = (Instant::now(), server.cpu_time());
+    std::thread::sleep(Duration::from_secs_f64(o.secs));
+    let (t1, c1) = (Instant::now(), server.cpu_time());
+    let (Some(c0), Some(c1)) = (c0, c1) else { return Err("no CPU time for the server".into()) };
+    let row =
+        Idle { server: server.name.clone(), core_use: c1.saturating_sub(c0).as_secs_f64() / (t1 - t0).as_secs_f64() };
+    println!("  {:<6} idle       core {:.4}", row.server, row.core_use);
+    Ok(row)
+}
+
 fn measure(
     target: &mut Target,
     o: &Options,
@@ -428,6 +450,23 @@ fn measure(
         ingest_only.push(measure_ingest_only(server, wl, engines, generation, o, repeat)?);
     }
     Ok(())
+}
+
+/// Medians over repeats of the idle rows.
+fn idle_table(rows: &[Idle]) -> Vec<serde_json::Value> {
+    let mut servers: Vec<&str> = rows.iter().map(|r| r.server.as_str()).collect();
+    servers.dedup();
+    println!("\nidle (engines connected, nothing published, no queries): server cores used; medians");
+    println!("| server | core use |");
+    println!("|---|---:|");
+    let mut out = Vec::new();
+    for server in servers {
+        let of: Vec<f64> = rows.iter().filter(|r| r.server == server).map(|r| r.core_use).collect();
+        let core = median(of.clone());
+        println!("| {server} | {core:.4} |");
+        out.push(serde_json::json!({"server": server, "core_use": core, "repeats": of}));
+    }
+    out
 }
 
 /// Medians over repeats of the ingest-only rows, with ratios to ours.
@@ -623,6 +662,7 @@ fn run(o: Options) -> Result<(), String> {
     }
     let mut cells = Vec::new();
     let mut ingest_rows = Vec::new();
+    let mut idle_rows = Vec::new();
     let mut answers: Vec<(String, Vec<String>)> = Vec::new();
     for (name, program, args) in targets {
         let mut target = prepare(name, program.as_deref(), &args, &o, build(1)?)?;
@@ -635,6 +675,7 @@ fn run(o: Options) -> Result<(), String> {
         answers.push((name.to_string(), sample));
         for repeat in 0..o.repeats {
             println!("{name}: repeat {}/{}", repeat + 1, o.repeats);
+            idle_rows.push(measure_idle(&target.server, &o)?);
             measure(&mut target, &o, repeat, &mut cells, &mut ingest_rows)?;
         }
         target.server.stop();
@@ -656,6 +697,7 @@ fn run(o: Options) -> Result<(), String> {
     }
     let ratio_rows = ratios(&summaries);
     let ingest_summary = ingest_table(&ingest_rows);
+    let idle_summary = idle_table(&idle_rows);
     let report = serde_json::json!({
         "config": {
             "secs": o.secs, "warmup_secs": o.warmup_secs, "repeats": o.repeats, "clients": o.clients,
@@ -665,6 +707,7 @@ fn run(o: Options) -> Result<(), String> {
         "cells": cells.iter().map(Cell::json).collect::<Vec<_>>(),
         "ratios": ratio_rows,
         "ingest_only": ingest_summary,
+        "idle": idle_summary,
         "state_check": state_check,
     });
     std::fs::write(&o.json, serde_json::to_string_pretty(&report).unwrap())

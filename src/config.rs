@@ -1,8 +1,9 @@
 //! Command line and environment to a validated configuration.
 //!
 //! Dynamo's standalone indexer flags work unchanged (`--port`, `--threads`,
-//! `--block-size`, `--workers`, `--model-name`, `--tenant-id`, `--peers`);
-//! the rest are this daemon's knobs. Every value is checked here, once; a bad
+//! `--block-size`, `--workers`, `--model-name`, `--routing-group` (alias
+//! `--tenant-id`), `--peers`, `--access-log`, `--trace-id-header`,
+//! `--access-log-local-time`); the rest are this daemon's knobs. Every value is checked here, once; a bad
 //! one is a single line on stderr and exit code 2 (see `main`).
 
 use crate::event::WorkerId;
@@ -59,6 +60,8 @@ pub struct Config {
     pub snapshot_dir: Option<PathBuf>,
     /// Seconds between periodic snapshots; 0: only on stop.
     pub snapshot_interval_s: u64,
+    /// The access log: where, which header is the trace id, which clock.
+    pub access_log: crate::http::access_log::AccessLogConfig,
 }
 
 impl Default for Config {
@@ -87,6 +90,7 @@ impl Default for Config {
             admin_token: None,
             snapshot_dir: None,
             snapshot_interval_s: 60,
+            access_log: Default::default(),
         }
     }
 }
@@ -130,7 +134,7 @@ OPTIONS:
   --http-body-timeout-s N  a request body must arrive within N s of its head (default 60); else 408
   --block-size N           block size of the --workers index (required with --workers)
   --model-name NAME        model of the --workers index (default \"default\")
-  --tenant-id NAME         tenant of the --workers index (default \"default\")
+  --routing-group NAME     tenant of the --workers index (default \"default\"; alias --tenant-id)
   --workers LIST           instance[:dp_rank]=zmq_endpoint, comma separated
   --peers LIST             peer indexer URLs to recover state from at startup
   --replay-timeout-ms N    deadline of one gap replay (default 2000)
@@ -148,6 +152,11 @@ OPTIONS:
                            which keeps it out of the process list)
   --snapshot-dir DIR       write snapshots to DIR/snapshot.bin and restart warm from it
   --snapshot-interval-s N  seconds between snapshots (default 60; 0: only on stop)
+  --access-log PATH        append one JSON line per HTTP request to PATH; reopened by
+                           POST /reopen_logs and SIGHUP (for logrotate)
+  --trace-id-header NAME   request header copied into the access log's trace_id
+                           (default x-trace-id)
+  --access-log-local-time  local time in the access log instead of UTC
   --no-pin                 do not pin listener and shard threads to cores
   --log-level LEVEL        error, warn, info or debug (default info; env KV_INDEXER_LOG)
   --log-format F           text or json lines (default text; env KV_INDEXER_LOG_FORMAT)
@@ -253,6 +262,10 @@ where
             cfg.pin_threads = false;
             continue;
         }
+        if matches!(arg, Long("access-log-local-time")) {
+            cfg.access_log.local_time = true;
+            continue;
+        }
         let known = [
             "--port",
             "--host",
@@ -265,6 +278,7 @@ where
             "--block-size",
             "--model-name",
             "--tenant-id",
+            "--routing-group",
             "--workers",
             "--peers",
             "--replay-timeout-ms",
@@ -279,6 +293,8 @@ where
             "--admin-token",
             "--snapshot-dir",
             "--snapshot-interval-s",
+            "--access-log",
+            "--trace-id-header",
         ];
         if !known.contains(&flag.as_str()) {
             return Err(CliError(format!("unknown option {flag}; see --help")));
@@ -301,7 +317,7 @@ where
             "--http-body-timeout-s" => cfg.http.body_timeout_s = parse_num(&flag, &v, 1, 3_600)?,
             "--block-size" => cfg.block_size = Some(parse_num(&flag, &v, 1, 1 << 20)?),
             "--model-name" => cfg.model_name = non_empty(&flag, v)?,
-            "--tenant-id" => cfg.tenant_id = non_empty(&flag, v)?,
+            "--tenant-id" | "--routing-group" => cfg.tenant_id = non_empty(&flag, v)?,
             "--workers" => workers_arg = Some(v),
             "--peers" => cfg.peers = parse_peers(&v)?,
             "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(&flag, &v, 1, 600_000)?,
@@ -330,6 +346,16 @@ where
                 cfg.snapshot_dir = Some(PathBuf::from(v))
             }
             "--snapshot-interval-s" => cfg.snapshot_interval_s = parse_num(&flag, &v, 0, 86_400)?,
+            "--access-log" => {
+                if v.trim().is_empty() {
+                    return Err(CliError("--access-log: empty path".into()));
+                }
+                cfg.access_log.path = Some(PathBuf::from(v))
+            }
+            "--trace-id-header" => {
+                cfg.access_log.trace_id_header =
+                    crate::http::access_log::header_name(&v).map_err(|e| CliError(format!("--trace-id-header: {e}")))?
+            }
             _ => unreachable!("checked against the known list"),
         }
     }
@@ -393,6 +419,31 @@ mod tests {
         assert_eq!(run(&[]).unwrap().log_format, crate::log::Format::Text);
         assert_eq!(run(&["--log-format", "json"]).unwrap().log_format, crate::log::Format::Json);
         assert!(run(&["--log-format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn dynamo_service_flags_parse() {
+        let c = run(&[
+            "--routing-group",
+            "acme",
+            "--access-log",
+            "/var/log/kv/access.log",
+            "--trace-id-header",
+            "X-Request-Id",
+            "--access-log-local-time",
+        ])
+        .unwrap();
+        assert_eq!(c.tenant_id, "acme");
+        assert_eq!(c.access_log.path, Some(PathBuf::from("/var/log/kv/access.log")));
+        assert_eq!(c.access_log.trace_id_header, "x-request-id");
+        assert!(c.access_log.local_time);
+        let c = run(&[]).unwrap();
+        assert_eq!((c.access_log.path, c.access_log.trace_id_header.as_str()), (None, "x-trace-id"));
+        assert!(!c.access_log.local_time);
+        for args in [&["--trace-id-header", "bad header"][..], &["--trace-id-header", ""], &["--access-log", ""]] {
+            let e = run(args).unwrap_err();
+            assert!(!e.0.contains('\n') && e.0.starts_with(args[0]), "{args:?}: {e}");
+        }
     }
 
     #[test]

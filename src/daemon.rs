@@ -34,8 +34,20 @@ use std::time::Duration;
 pub fn run(cfg: Config) -> Result<(), String> {
     crate::log::init(cfg.log_level, cfg.log_format);
     crate::signals::block();
-    let stop = crate::signals::wait_for_stop();
+    let hangup = crate::signals::Hangup::default();
+    let stop = crate::signals::wait_for_stop(hangup.clone());
     let extender = crate::notify::StartupExtender::start();
+    let access_log = crate::http::access_log::AccessLog::open(&cfg.access_log)?.map(Arc::new);
+    if let Some(log) = &access_log {
+        let log = log.clone();
+        let reopen = move || match log.reopen() {
+            Ok(()) => crate::info!("access log reopened on SIGHUP"),
+            Err(e) => crate::warn!("reopening the access log on SIGHUP: {e}"),
+        };
+        if let Ok(mut h) = hangup.lock() {
+            *h = Some(Box::new(reopen));
+        }
+    }
 
     // Decoded whole before anything starts: a bad file is ignored, never half-applied.
     let snapshot_dir = cfg.snapshot_dir.as_deref().map(SnapshotDir::open).transpose()?.map(Arc::new);
@@ -88,8 +100,10 @@ pub fn run(cfg: Config) -> Result<(), String> {
         metrics: metrics.clone(),
         admin_token: cfg.admin_token.clone(),
         auth_refused: Default::default(),
+        access_log: access_log.clone(),
     });
-    let http = HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api, metrics)?;
+    let http =
+        HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api, metrics, access_log.clone())?;
     if let Some(path) = &cfg.unix_socket {
         crate::unix_socket::grant(path)?;
     }
@@ -150,6 +164,12 @@ pub fn run(cfg: Config) -> Result<(), String> {
         }
     }
     ingest.shutdown();
+    if let Ok(mut h) = hangup.lock() {
+        *h = None;
+    }
+    if let Some(log) = &access_log {
+        log.stop();
+    }
     if let Some(p) = &cfg.unix_socket {
         let _ = std::fs::remove_file(p);
     }
@@ -222,6 +242,8 @@ pub fn render_state_metrics(p: &mut Prom, registry: &Registry, readiness: &Readi
     ] {
         p.sample("kv_indexer_blocks_total", &[("outcome", o)], v.load(r) as f64);
     }
+
+    c.dynamo.render(p);
 
     let ic = registry.ingest().counters();
     let counters: [(&str, &str, u64); 19] = [

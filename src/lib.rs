@@ -7,6 +7,7 @@ pub mod config;
 pub mod daemon;
 pub mod endpoint;
 pub mod event;
+pub mod event_status;
 pub mod hash;
 pub mod http;
 pub mod index;

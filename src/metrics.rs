@@ -20,11 +20,12 @@ pub enum Endpoint {
     RegisterPeer,
     DeregisterPeer,
     Peers,
+    ReopenLogs,
     Unknown,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 12] = [
+    pub const ALL: [Endpoint; 13] = [
         Endpoint::Health,
         Endpoint::Metrics,
         Endpoint::Register,
@@ -36,6 +37,7 @@ impl Endpoint {
         Endpoint::RegisterPeer,
         Endpoint::DeregisterPeer,
         Endpoint::Peers,
+        Endpoint::ReopenLogs,
         Endpoint::Unknown,
     ];
 
@@ -53,6 +55,7 @@ impl Endpoint {
             "/register_peer" => Endpoint::RegisterPeer,
             "/deregister_peer" => Endpoint::DeregisterPeer,
             "/peers" => Endpoint::Peers,
+            "/reopen_logs" => Endpoint::ReopenLogs,
             _ => Endpoint::Unknown,
         }
     }
@@ -70,6 +73,7 @@ impl Endpoint {
             Endpoint::RegisterPeer => "/register_peer",
             Endpoint::DeregisterPeer => "/deregister_peer",
             Endpoint::Peers => "/peers",
+            Endpoint::ReopenLogs => "/reopen_logs",
             Endpoint::Unknown => "other",
         }
     }
@@ -92,7 +96,7 @@ struct EndpointStats {
 /// Request counts, errors and durations per endpoint.
 #[derive(Default)]
 pub struct HttpMetrics {
-    stats: [EndpointStats; 12],
+    stats: [EndpointStats; Endpoint::ALL.len()],
 }
 
 impl HttpMetrics {

@@ -15,7 +15,7 @@
 //! chains are applied parent first (`parent_first`).
 
 use crate::event::{Event, EventKind, WorkerId};
-use crate::http::codec::{check_dump_bytes, parse_dump, DumpEntry, DUMP_BYTES_MAX};
+use crate::http::codec::{check_dump_bytes, parse_dump_counted, DumpEntry, DumpParse, DUMP_BYTES_MAX};
 use crate::registry::Registry;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -33,7 +33,7 @@ pub struct Recovered {
 
 /// Fetches and parses one peer's dump; `timeout` bounds the whole request,
 /// body included, so a peer that trickles bytes cannot hold startup.
-pub fn fetch_dump(peer: &str, timeout: Duration) -> Result<Vec<DumpEntry>, String> {
+pub fn fetch_dump(peer: &str, timeout: Duration) -> Result<DumpParse, String> {
     let agent = ureq::AgentBuilder::new().timeout_connect(timeout).timeout(timeout).build();
     let resp = agent.get(&format!("{peer}/dump")).call().map_err(|e| e.to_string())?;
     // Refused before a byte of it is read when the peer says how long it is.
@@ -43,7 +43,7 @@ pub fn fetch_dump(peer: &str, timeout: Duration) -> Result<Vec<DumpEntry>, Strin
     let mut body = Vec::new();
     resp.into_reader().take(DUMP_BYTES_MAX + 1).read_to_end(&mut body).map_err(|e| format!("reading the dump: {e}"))?;
     check_dump_bytes(body.len() as u64).map_err(|e| e.message().to_string())?;
-    parse_dump(&body).map_err(|e| format!("malformed dump: {}", e.message()))
+    parse_dump_counted(&body).map_err(|e| format!("malformed dump: {}", e.message()))
 }
 
 /// Applies dump entries to the registry's indexes (created as needed).
@@ -151,7 +151,23 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
     let mut out = Recovered::default();
     for peer in peers {
         match fetch_dump(peer, timeout) {
-            Ok(entries) => {
+            Ok(parsed) => {
+                let entries = parsed.entries;
+                let foreign: u64 = parsed.unsupported_residency.iter().sum();
+                if foreign > 0 {
+                    crate::warn!(
+                        "recovery: peer {peer}'s dump has {foreign} event(s) of a residency domain other than \
+                         \"worker\"; they are skipped (dynamo_kvrouter_kv_cache_events_applied{{status=\"unsupported_residency_domain\"}})"
+                    );
+                }
+                let kinds = [
+                    EventKind::Stored { parent: None, blocks: Vec::new() },
+                    EventKind::Removed { engine_hashes: Vec::new() },
+                    EventKind::Cleared,
+                ];
+                for (kind, n) in kinds.iter().zip(parsed.unsupported_residency) {
+                    registry.counters.dynamo.add_unsupported_residency(kind, n);
+                }
                 if over_snapshot {
                     let n = drop_workers_named(registry, &entries);
                     crate::info!("peer {peer}'s dump replaces the snapshot's blocks of {n} worker(s)");

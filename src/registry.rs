@@ -3,7 +3,9 @@
 //! `/register` creates the index of a (model, tenant) on first use (its
 //! block size is fixed then) and starts a listener; `/unregister` closes
 //! listeners and removes workers through their writer shards, after their
-//! pending events. Every check is done before anything changes, so a refused
+//! pending events, and drops the index once no registration is left on it
+//! (as Dynamo does: queries for it answer 404 again, and a new
+//! registration may choose another block size). Every check is done before anything changes, so a refused
 //! request leaves no trace. Queries look an index up without the registry's
 //! lock.
 
@@ -25,9 +27,9 @@ pub const TENANT_DEFAULT: &str = "default";
 /// every index fits a snapshot.
 pub const NAME_BYTES_MAX: usize = 256;
 
-/// Most (model, tenant) indexes a daemon keeps; an index stays after its
-/// last worker is unregistered (queries keep answering), so this bounds
-/// what churn of model names can leave behind.
+/// Most (model, tenant) indexes a daemon keeps. An index goes with its
+/// last registration, but one recovered from a peer or a snapshot without
+/// registrations stays, so this bounds what those can leave behind.
 pub const INDEXES_MAX: usize = 1_024;
 
 /// Least time between two log lines about shed blocks.
@@ -49,6 +51,8 @@ pub struct ApplyCounters {
     /// Blocks refused at the `--max-pairs` cap.
     pub blocks_shed: AtomicU64,
     pub pairs_cleared: AtomicU64,
+    /// The same events by Dynamo's metric labels.
+    pub dynamo: crate::event_status::EventStatusCounters,
 }
 
 impl ApplyCounters {
@@ -68,6 +72,7 @@ impl ApplyCounters {
         self.blocks_rejected.fetch_add(o.rejected as u64, r);
         self.blocks_shed.fetch_add(o.shed as u64, r);
         self.pairs_cleared.fetch_add(o.cleared as u64, r);
+        self.dynamo.add(kind, o);
     }
 }
 
@@ -481,6 +486,23 @@ impl Registry {
                 // The shard did not answer; remove directly rather than leave blocks behind.
                 crate::warn!("removing worker {w} through its shard: {e}; removing it directly");
                 h.index.remove_worker(*w);
+            }
+        }
+        let mut emptied: Vec<Arc<IndexHandle>> = Vec::new();
+        for h in regs
+            .iter()
+            .filter_map(|r| self.index(&r.model_name, &r.tenant_id))
+            .chain(held.iter().map(|(h, _)| h.clone()))
+        {
+            let key = (h.model_name.clone(), h.tenant_id.clone());
+            let still_registered =
+                inner.registrations.values().any(|r| (&r.model_name, &r.tenant_id) == (&key.0, &key.1));
+            if !still_registered && !emptied.iter().any(|e| Arc::ptr_eq(e, &h)) {
+                // Only this handle: a racing creation cannot have replaced it
+                // (creations by registration take `inner`, held here).
+                self.indexes.remove_if(&key, |_, v| Arc::ptr_eq(v, &h));
+                crate::info!("dropped index model={:?} tenant={:?}: no worker is registered on it", key.0, key.1);
+                emptied.push(h);
             }
         }
         crate::info!(

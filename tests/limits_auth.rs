@@ -78,9 +78,11 @@ fn mutating_endpoints_need_the_token_and_reads_stay_open() {
     for path in ["/health", "/metrics", "/workers", "/dump", "/peers"] {
         assert_eq!(d.get(path).0, 200, "{path}");
     }
+    // (The index went with its last worker: answered, not refused.)
     let (status, v) = d.post_json("/query", json!({"token_ids": [1, 2, 3, 4], "model_name": "m"}));
-    assert_eq!(status, 200, "{v}");
-    assert_eq!(d.post_json("/query_by_hash", json!({"block_hashes": [1], "model_name": "m"})).0, 200);
+    assert_eq!(status, 404, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.starts_with("no indexer")), "{v}");
+    assert_eq!(d.post_json("/query_by_hash", json!({"block_hashes": [1], "model_name": "m"})).0, 404);
 
     let metrics = d.get("/metrics").1;
     assert!(!metrics.contains(TOKEN));

@@ -64,8 +64,12 @@ fn register_query_unregister_with_a_real_engine() {
 
     let (status, _) = d.post_json("/unregister", json!({"instance_id": 1, "model_name": "llama"}));
     assert_eq!(status, 200);
-    assert_eq!(score(&d, "llama", "default", &locals, 1, 0), 0, "unregister removes the blocks");
+    // The last worker gone, the index goes too, as in Dynamo.
+    let (status, v) =
+        d.post_json("/query_by_hash", json!({"block_hashes": locals, "model_name": "llama", "tenant_id": "default"}));
+    assert_eq!((status, v), (404, json!({"error": "no indexer for model=llama tenant=default"})));
     assert_eq!(d.get_json("/workers").1, json!([]));
+    assert_eq!(d.get_json("/dump").1, json!({}));
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The HTTP API: the server loop, the routes, and the JSON codec.
 
+pub mod access_log;
 pub mod auth;
 pub mod body;
 pub mod codec;

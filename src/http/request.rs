@@ -37,6 +37,8 @@ pub struct Head {
     pub close: bool,
     pub expect_continue: bool,
     pub authorization: Option<String>,
+    /// The value of the access log's trace id header, if asked for and sent.
+    pub trace_id: Option<String>,
 }
 
 /// Why a request could not be read.
@@ -143,6 +145,18 @@ pub fn read_head<R: ReadTimeout>(
     first_byte: Duration,
     head_timeout: Duration,
 ) -> Result<Head, ReadError> {
+    read_head_traced(r, buf, first_byte, head_timeout, None)
+}
+
+/// As `read_head`, also keeping the value of header `trace_header`
+/// (lowercase) in `Head::trace_id`.
+pub fn read_head_traced<R: ReadTimeout>(
+    r: &mut BufReader<R>,
+    buf: &mut Vec<u8>,
+    first_byte: Duration,
+    head_timeout: Duration,
+    trace_header: Option<&str>,
+) -> Result<Head, ReadError> {
     buf.clear();
     // The same wait before every request: the socket's timeout is set once.
     let first = match fill_within(r, first_byte) {
@@ -172,7 +186,7 @@ pub fn read_head<R: ReadTimeout>(
             take = start + end - scanned;
             buf.truncate(end);
             r.consume(take);
-            return parse_head(buf);
+            return parse_head(buf, trace_header);
         }
         r.consume(take);
         if buf.len() + skipped > HEAD_BYTES_MAX {
@@ -182,7 +196,7 @@ pub fn read_head<R: ReadTimeout>(
 }
 
 /// Parses a complete head (ending with its blank line).
-fn parse_head(buf: &[u8]) -> Result<Head, ReadError> {
+fn parse_head(buf: &[u8], trace_header: Option<&str>) -> Result<Head, ReadError> {
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
@@ -204,6 +218,11 @@ fn parse_head(buf: &[u8]) -> Result<Head, ReadError> {
         Head { method: method.to_string(), target: target.to_string(), http11, close: !http11, ..Head::default() };
     for h in req.headers.iter() {
         apply_header(&mut head, h.name, h.value)?;
+        if trace_header.is_some_and(|t| h.name.eq_ignore_ascii_case(t)) {
+            // A value that is not text is left out rather than refused: it
+            // only feeds the log.
+            head.trace_id = std::str::from_utf8(h.value).ok().map(|v| v.trim().to_string());
+        }
     }
     if head.chunked && head.content_length.is_some() {
         return Err(ReadError::Bad("both Content-Length and chunked"));
@@ -283,6 +302,14 @@ mod tests {
         // Blank lines before a request, bare LF line ends, equal repeated lengths.
         let h = head(b"\r\n\nGET / HTTP/1.1\nContent-Length: 0\nContent-Length: 0\n\n").unwrap();
         assert_eq!(h.content_length, Some(0));
+    }
+
+    #[test]
+    fn the_trace_header_is_kept_when_asked_for() {
+        let raw = b"GET /health HTTP/1.1\r\nX-Trace-Id:  abc-1 \r\n\r\n";
+        let h = read_head_traced(&mut BufReader::new(&raw[..]), &mut Vec::new(), SECOND, SECOND, Some("x-trace-id"));
+        assert_eq!(h.unwrap().trace_id.as_deref(), Some("abc-1"));
+        assert_eq!(head(raw).unwrap().trace_id, None);
     }
 
     #[test]

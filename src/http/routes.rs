@@ -3,6 +3,7 @@
 //! without a JSON tree) and replies are written straight into the thread's
 //! scratch buffer. A failed request changes nothing.
 
+use super::access_log::AccessLog;
 use super::auth::{AdminToken, CHALLENGE};
 use super::codec::{self, BodyError, DumpEntry};
 use super::server::{error_body, Handler, Incoming, Reply, Scratch};
@@ -46,6 +47,8 @@ pub struct Api {
     pub admin_token: Option<AdminToken>,
     /// Requests refused for a missing or wrong admin token.
     pub auth_refused: AtomicU64,
+    /// The access log `/reopen_logs` reopens, if configured.
+    pub access_log: Option<Arc<AccessLog>>,
 }
 
 fn ok_status(out: &mut Vec<u8>) {
@@ -113,6 +116,7 @@ impl Api {
             Ok(r) => r,
             Err(e) => return body_error(&mut s.out, e),
         };
+        s.set_model(&req.model_name);
         let tenant = req.tenant_id.as_deref().unwrap_or(TENANT_DEFAULT);
         let Some(h) = self.registry.index(&req.model_name, tenant) else {
             return fail(&mut s.out, 404, &format!("no indexer for model={} tenant={}", req.model_name, tenant));
@@ -124,7 +128,8 @@ impl Api {
             local_hashes_into(&s.tokens, block_size as usize, seed, &mut s.hashes);
         }
         let matches = h.index.find_matches(&s.hashes);
-        let registered = h.registered();
+        // Dynamo lists only workers that matched; every registered one on request.
+        let registered = if req.include_unmatched { h.registered() } else { Vec::new() };
         s.out.clear();
         codec::write_query_response(&mut s.out, &matches, &registered, block_size, s.hashes.len());
         Reply::json(200)
@@ -135,6 +140,7 @@ impl Api {
             Ok(r) => r,
             Err(e) => return body_error(&mut s.out, e),
         };
+        s.set_model(&r.model_name);
         let args = RegisterArgs {
             instance_id: r.instance_id,
             dp_rank: r.dp_rank.unwrap_or(0),
@@ -158,6 +164,7 @@ impl Api {
             Ok(r) => r,
             Err(e) => return body_error(&mut s.out, e),
         };
+        s.set_model(&r.model_name);
         match self.registry.unregister(r.instance_id, &r.model_name, r.tenant_id.as_deref(), r.dp_rank) {
             Ok(()) => {
                 ok_status(&mut s.out);
@@ -264,6 +271,19 @@ impl Api {
         }
     }
 
+    fn reopen_logs(&self, s: &mut Scratch) -> Reply {
+        match self.access_log.as_ref().map_or(Ok(()), |log| log.reopen()) {
+            Ok(()) => {
+                ok_status(&mut s.out);
+                Reply::json(200)
+            }
+            Err(e) => {
+                crate::warn!("reopening the access log: {e}");
+                fail(&mut s.out, 500, &e)
+            }
+        }
+    }
+
     fn metrics_text(&self, s: &mut Scratch) -> Reply {
         let mut p = Prom::default();
         self.metrics.render(&mut p);
@@ -275,6 +295,14 @@ impl Api {
             self.auth_refused.load(Ordering::Relaxed) as f64,
         );
         crate::process_metrics::render(&mut p);
+        if let Some(log) = &self.access_log {
+            p.single(
+                "kv_indexer_access_log_dropped_total",
+                "counter",
+                "Access log lines dropped because the writer's queue was full.",
+                log.dropped() as f64,
+            );
+        }
         s.out.clear();
         s.out.extend_from_slice(p.text.as_bytes());
         Reply { status: 200, content_type: "text/plain; version=0.0.4", www_authenticate: None, allow: None }
@@ -286,7 +314,8 @@ impl Handler for Api {
         let Incoming { method, path, query, body, authorization } = *req;
         let want = match path {
             "/health" | "/metrics" | "/workers" | "/dump" | "/peers" => "GET",
-            "/register" | "/unregister" | "/query" | "/query_by_hash" | "/register_peer" | "/deregister_peer" => "POST",
+            "/register" | "/unregister" | "/query" | "/query_by_hash" | "/register_peer" | "/deregister_peer"
+            | "/reopen_logs" => "POST",
             _ => return fail(&mut s.out, 404, &format!("no endpoint {path}")),
         };
         if method != want {
@@ -318,6 +347,7 @@ impl Handler for Api {
             "/query" => self.query(body, s, false),
             "/query_by_hash" => self.query(body, s, true),
             "/register_peer" => self.peer(body, s, true),
+            "/reopen_logs" => self.reopen_logs(s),
             _ => self.peer(body, s, false),
         }
     }

@@ -12,8 +12,9 @@
 //! scratch buffers, so a hot request allocates little. A panic in a handler
 //! becomes a 500 and is logged.
 
+use super::access_log::{AccessLog, Record};
 use super::body::read_body;
-use super::request::{fill, read_head, ReadError};
+use super::request::{fill, read_head_traced, ReadError};
 use super::slots::Slots;
 use super::stream::Stream;
 use crate::metrics::{Endpoint, HttpMetrics};
@@ -72,6 +73,23 @@ pub struct Scratch {
     pub tokens: Vec<u32>,
     pub hashes: Vec<u64>,
     pub out: Vec<u8>,
+    /// The request's `model_name`, for the access log (reused buffer).
+    model: String,
+    has_model: bool,
+}
+
+impl Scratch {
+    /// Notes the model the request named (for the access log).
+    pub fn set_model(&mut self, model: &str) {
+        self.model.clear();
+        self.model.push_str(model);
+        self.has_model = true;
+    }
+
+    /// The model the current request named, if any.
+    pub fn model(&self) -> Option<&str> {
+        self.has_model.then_some(self.model.as_str())
+    }
 }
 
 /// What to send back. The body is in `Scratch::out`.
@@ -111,6 +129,7 @@ pub trait Handler: Send + Sync + 'static {
 struct Shared {
     handler: Arc<dyn Handler>,
     metrics: Arc<HttpMetrics>,
+    access_log: Option<Arc<AccessLog>>,
     limits: HttpLimits,
     stop: AtomicBool,
     slots: Arc<Slots>,
@@ -196,6 +215,7 @@ impl HttpServer {
         limits: HttpLimits,
         handler: Arc<dyn Handler>,
         metrics: Arc<HttpMetrics>,
+        access_log: Option<Arc<AccessLog>>,
     ) -> Result<HttpServer, String> {
         let addr = if host.contains(':') && !host.starts_with('[') {
             format!("[{host}]:{port}")
@@ -223,6 +243,7 @@ impl HttpServer {
         let shared = Arc::new(Shared {
             handler,
             metrics,
+            access_log,
             limits,
             stop: AtomicBool::new(false),
             slots: Slots::new(limits.connections_max),
@@ -328,8 +349,9 @@ fn serve(s: &Shared, conn: Stream) {
     let (mut body, mut line, mut head_buf) = (Vec::new(), Vec::new(), Vec::new());
     // A new connection must start its first request within the head timeout.
     let mut first_byte = head_timeout;
+    let trace_header = s.access_log.as_ref().map(|l| l.trace_id_header());
     while !s.stop.load(Ordering::Relaxed) {
-        let head = match read_head(&mut reader, &mut line, first_byte, head_timeout) {
+        let mut head = match read_head_traced(&mut reader, &mut line, first_byte, head_timeout, trace_header) {
             Ok(h) => h,
             Err(ReadError::Closed) | Err(ReadError::Io(_)) => return,
             Err(e) => {
@@ -339,6 +361,8 @@ fn serve(s: &Shared, conn: Stream) {
         };
         first_byte = idle;
         let started = Instant::now();
+        let wall = s.access_log.as_ref().map(|_| std::time::SystemTime::now());
+        scratch.has_model = false;
         let (path, query) = head.target.split_once('?').unwrap_or((head.target.as_str(), ""));
         let endpoint = Endpoint::of_path(path);
         let limit = s.limits.body_limit_bytes;
@@ -349,6 +373,7 @@ fn serve(s: &Shared, conn: Stream) {
             }
             let status = refuse(&mut writer, &e, &mut scratch, &mut head_buf);
             s.metrics.record(endpoint, &head.method, status, started.elapsed());
+            log_access(s, wall, &mut head, endpoint, None, status, started);
             return linger(&writer, &mut reader);
         }
         let incoming =
@@ -368,6 +393,7 @@ fn serve(s: &Shared, conn: Stream) {
         let body_out = if head.method == "HEAD" { &[][..] } else { &scratch.out[..] };
         let written = write_reply(&mut writer, &reply, scratch.out.len(), body_out, close, &mut head_buf);
         s.metrics.record(endpoint, &head.method, reply.status, started.elapsed());
+        log_access(s, wall, &mut head, endpoint, scratch.model(), reply.status, started);
         // Keep one huge reply (a dump) from pinning memory in this thread.
         if scratch.out.capacity() > 1 << 20 {
             scratch.out = Vec::new();
@@ -379,6 +405,28 @@ fn serve(s: &Shared, conn: Stream) {
             return;
         }
     }
+}
+
+/// Queues the request's access log line, if there is an access log.
+fn log_access(
+    s: &Shared,
+    wall: Option<std::time::SystemTime>,
+    head: &mut super::request::Head,
+    endpoint: Endpoint,
+    model: Option<&str>,
+    status: u16,
+    started: Instant,
+) {
+    let (Some(log), Some(at)) = (&s.access_log, wall) else { return };
+    log.record(Record {
+        at,
+        trace_id: head.trace_id.take(),
+        method: std::mem::take(&mut head.method),
+        path: if endpoint == Endpoint::Unknown { "unknown" } else { endpoint.label() },
+        model: model.map(str::to_string),
+        status,
+        duration: started.elapsed(),
+    });
 }
 
 /// Answers a request that could not be read, and returns its status.

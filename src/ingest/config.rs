@@ -39,7 +39,8 @@ pub struct IngestConfig {
     pub pin_threads: bool,
     /// Batches queued per shard before listeners block (back-pressure).
     pub shard_queue_batches: usize,
-    /// How long a listener waits in one `zmq::poll`.
+    /// Longest wait of a listener thread while one of its replays runs (for
+    /// its deadline); otherwise it waits until a socket is ready.
     pub poll_timeout_ms: u64,
     /// Deadline of one replay request, from send to end marker.
     pub replay_timeout_ms: u64,

@@ -1,20 +1,26 @@
 //! A listener thread: owns many SUB sockets (one per registered publisher),
-//! their monitor sockets and any replay DEALER sockets in flight, and polls
-//! them all together. Each message is decoded here, judged by the listener's
-//! sequencer, and handed to the shard that owns its worker.
+//! their monitor sockets and any replay DEALER sockets in flight. It sleeps
+//! in one epoll wait (`poller.rs`) until a socket or its doorbell is ready,
+//! then reads only the sockets that are, each until it has nothing more or
+//! `RECV_BURST_MAX` (then it is looked at again without waiting). Each
+//! message is decoded here, judged by the listener's sequencer, and handed
+//! to the shard that owns its worker. An idle thread costs nothing: no
+//! timeout, no scan of its sockets.
 //!
-//! Nothing here blocks on one publisher: replays are sockets in the same
-//! poll set with their own deadline, and a listener whose replay runs (or
-//! whose ready gate is closed) holds its live batches in a bounded queue.
-//! The only blocking call is the send to a full shard queue, which is the
-//! intended back-pressure.
+//! Nothing here blocks on one publisher: replay sockets are waited on
+//! together with the epoll set (a wait is bounded by `poll_timeout_ms` only
+//! while a replay runs, for its deadline), and a listener whose replay runs
+//! (or whose ready gate is closed) holds its live batches in a bounded
+//! queue. The only blocking call is the send to a full shard queue, which
+//! is the intended back-pressure.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use crossbeam::channel::{Receiver, Sender, TryRecvError};
+use rustc_hash::FxHashMap;
 
 use super::config::{
     IngestConfig, CONNECT_LOG_INTERVAL_MS, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS,
@@ -23,6 +29,7 @@ use super::config::{
 use super::counters::Counters;
 use super::decode::{decode_live, decode_reply, Batch, Reply};
 use super::log::LogLimiter;
+use super::poller::{Doorbell, Poller, BELL};
 use super::replay::ReplayRun;
 use super::sequencer::{Sequencer, Verdict};
 use super::shard::{send_blocking, shard_for, ShardMsg};
@@ -80,6 +87,8 @@ pub(crate) struct ThreadCtx {
     pub held_gauge: Arc<AtomicU64>,
     pub gate_open: Arc<AtomicBool>,
     pub shutdown: Arc<AtomicBool>,
+    /// Rung after a control message is queued, the gate opens, or shutdown.
+    pub bell: Arc<Doorbell>,
 }
 
 impl ThreadCtx {
@@ -102,6 +111,8 @@ struct Listener {
     ever_connected: bool,
     /// TCP connected, ZMQ handshake not done yet.
     handshaking: bool,
+    /// The monitor was read short of `EAGAIN` (at its burst cap): look again.
+    monitor_more: bool,
     log: LogLimiter,
     /// Connection failures: the first at once, then one line per
     /// `CONNECT_LOG_INTERVAL_MS` while the endpoint stays unreachable.
@@ -111,75 +122,153 @@ struct Listener {
     gap_log: LogLimiter,
 }
 
-/// Which of a listener's sockets were readable after a poll.
-#[derive(Copy, Clone)]
-struct Ready {
-    monitor: bool,
-    sub: bool,
-    replay: bool,
+/// Token kinds, the low two bits of a poll token (the listener id above
+/// them). Sorted tokens put a listener's monitor before its SUB socket:
+/// connection events first, so a restart's reconnect is known before the
+/// restarted publisher's first batch is judged.
+const MONITOR: u64 = 0;
+const SUB: u64 = 1;
+const REPLAY: u64 = 2;
+
+fn token(id: ListenerId, kind: u64) -> u64 {
+    id.0 << 2 | kind
+}
+
+/// A thread's listeners, found by id.
+#[derive(Default)]
+struct Listeners {
+    all: Vec<Listener>,
+    by_id: FxHashMap<u64, usize>,
 }
 
 /// The listener thread's loop: runs until shutdown.
 pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
-    let mut listeners: Vec<Listener> = Vec::new();
-    let poll_timeout_ms = t.cfg.poll_timeout_ms as i64;
+    let mut poller = match Poller::new(&t.bell) {
+        Ok(p) => p,
+        Err(e) => {
+            crate::error!("a listener thread cannot create its epoll set: {e}; its engines are not read");
+            return;
+        }
+    };
+    let mut ls = Listeners::default();
+    // Sockets to read without waiting: read short of EAGAIN, or just added.
+    let mut hot: Vec<u64> = Vec::new();
+    // Listeners with a replay running: their sockets, and deadlines.
+    let mut replaying: Vec<u64> = Vec::new();
+    let mut ready: Vec<u64> = Vec::new();
+    let mut bell_rang = true;
     while !t.shutdown.load(Ordering::Relaxed) {
-        if listeners.is_empty() {
-            match control.recv_timeout(Duration::from_millis(t.cfg.poll_timeout_ms)) {
-                Ok(msg) => handle_control(&t, &mut listeners, msg),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
+        if std::mem::take(&mut bell_rang) {
+            loop {
+                match control.try_recv() {
+                    Ok(msg) => handle_control(&t, &poller, &mut ls, &mut hot, msg),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
             }
+            if t.gate_open.load(Ordering::Acquire) {
+                for l in &mut ls.all {
+                    l.drain_held(&t);
+                    if l.replay.is_some() && !replaying.contains(&l.spec.id.0) {
+                        replaying.push(l.spec.id.0);
+                    }
+                }
+            }
+            if t.shutdown.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+        ready.clear();
+        let waited = if replaying.is_empty() {
+            poller.wait(if hot.is_empty() { -1 } else { 0 }, &t.bell, &mut ready)
+        } else {
+            wait_with_replies(&t, &mut poller, &ls, &replaying, !hot.is_empty(), &mut ready)
+        };
+        if let Err(e) = waited {
+            // Nothing was read. Pause so a lasting error cannot spin the thread.
+            crate::error!("waiting on engine sockets failed: {e}");
+            std::thread::sleep(Duration::from_millis(t.cfg.poll_timeout_ms));
             continue;
         }
-        loop {
-            match control.try_recv() {
-                Ok(msg) => handle_control(&t, &mut listeners, msg),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return,
-            }
-        }
-        let gate_open = t.gate_open.load(Ordering::Acquire);
-        for l in &mut listeners {
-            if gate_open {
-                l.drain_held(&t);
-            }
-        }
-        let ready = match poll_all(&listeners, poll_timeout_ms) {
-            Ok(ready) => ready,
-            Err(e) => {
-                // EINTR and the like: nothing was read. Pause so a lasting
-                // error cannot spin the thread.
-                crate::error!("zmq poll failed: {e}");
-                std::thread::sleep(Duration::from_millis(t.cfg.poll_timeout_ms));
+        ready.append(&mut hot);
+        ready.sort_unstable();
+        ready.dedup();
+        for &tok in &ready {
+            if tok == BELL {
+                bell_rang = true;
                 continue;
             }
-        };
-        for (l, r) in listeners.iter_mut().zip(ready) {
-            // Connection events first: a restart's reconnect must be known
-            // before the restarted publisher's first batch is judged.
-            if r.monitor {
-                l.read_monitor();
+            let id = tok >> 2;
+            let Some(&i) = ls.by_id.get(&id) else { continue };
+            let l = &mut ls.all[i];
+            let more = match tok & 3 {
+                MONITOR => l.read_monitor(),
+                SUB => l.read_live(&t),
+                _ => l.read_replies(&t),
+            };
+            if more {
+                hot.push(tok);
             }
-            if r.sub {
-                l.read_live(&t);
+            if std::mem::take(&mut l.monitor_more) {
+                hot.push(token(l.spec.id, MONITOR));
             }
-            if r.replay {
-                l.read_replies(&t);
+            if l.replay.is_some() && !replaying.contains(&id) {
+                replaying.push(id);
             }
-            l.check_replay_deadline(&t);
         }
+        replaying.retain(|id| {
+            let Some(&i) = ls.by_id.get(id) else { return false };
+            let l = &mut ls.all[i];
+            l.check_replay_deadline(&t);
+            l.replay.is_some()
+        });
     }
 }
 
-fn handle_control(t: &ThreadCtx, listeners: &mut Vec<Listener>, msg: Control) {
+/// Waits on the epoll set and the running replays' sockets together (at
+/// most `poll_timeout_ms`, for their deadlines), then collects what is ready.
+fn wait_with_replies(
+    t: &ThreadCtx,
+    poller: &mut Poller,
+    ls: &Listeners,
+    replaying: &[u64],
+    hot: bool,
+    ready: &mut Vec<u64>,
+) -> std::io::Result<()> {
+    let runs: Vec<(u64, &ReplayRun)> = replaying
+        .iter()
+        .filter_map(|id| ls.by_id.get(id).and_then(|&i| ls.all[i].replay.as_ref()).map(|r| (*id, r)))
+        .collect();
+    let mut items = Vec::with_capacity(runs.len() + 1);
+    items.push(zmq::PollItem::from_fd(poller.as_raw_fd(), zmq::POLLIN));
+    items.extend(runs.iter().map(|(_, r)| r.socket.as_poll_item(zmq::POLLIN)));
+    let timeout = if hot { 0 } else { t.cfg.poll_timeout_ms as i64 };
+    zmq::poll(&mut items, timeout).map_err(std::io::Error::from)?;
+    for ((id, _), item) in runs.iter().zip(&items[1..]) {
+        if item.is_readable() {
+            ready.push(id << 2 | REPLAY);
+        }
+    }
+    poller.wait(0, &t.bell, ready)
+}
+
+fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut Vec<u64>, msg: Control) {
     match msg {
         Control::Add(spec) => {
+            let id = spec.id;
+            for (socket, kind) in [(&spec.monitor, MONITOR), (&spec.sub, SUB)] {
+                if let Err(e) = poller.add(socket, token(id, kind)) {
+                    crate::error!("listener {id} ({}): cannot watch its socket: {e}", spec.endpoint);
+                }
+                // Whatever arrived before it was watched is read now.
+                hot.push(token(id, kind));
+            }
             let seq = Sequencer::new(spec.last_seq, t.cfg.restart_seq_drop_min);
             let mut ranks = vec![spec.worker.dp_rank];
             // Deduplicated and bounded by `seed_watermark`.
             ranks.extend(spec.ranks_written.iter().copied().filter(|&r| r != spec.worker.dp_rank));
-            listeners.push(Listener {
+            ls.by_id.insert(id.0, ls.all.len());
+            ls.all.push(Listener {
                 spec: *spec,
                 seq,
                 ranks,
@@ -187,15 +276,22 @@ fn handle_control(t: &ThreadCtx, listeners: &mut Vec<Listener>, msg: Control) {
                 replay: None,
                 ever_connected: false,
                 handshaking: false,
+                monitor_more: false,
                 log: LogLimiter::default(),
                 connect_log: LogLimiter::every(Duration::from_millis(CONNECT_LOG_INTERVAL_MS)),
                 gap_log: LogLimiter::default(),
             });
         }
         Control::Remove { id, done } => {
-            let removed = match listeners.iter().position(|l| l.spec.id == id) {
+            let removed = match ls.by_id.remove(&id.0) {
                 Some(i) => {
-                    let l = listeners.swap_remove(i);
+                    let l = ls.all.swap_remove(i);
+                    if let Some(moved) = ls.all.get(i) {
+                        ls.by_id.insert(moved.spec.id.0, i);
+                    }
+                    // Out of the epoll set before the sockets close.
+                    poller.remove(&l.spec.sub);
+                    poller.remove(&l.spec.monitor);
                     t.held_gauge.fetch_sub(l.held.len() as u64, Ordering::Relaxed);
                     Removed { last_seq: l.seq.last(), ranks: l.ranks }
                 }
@@ -206,32 +302,12 @@ fn handle_control(t: &ThreadCtx, listeners: &mut Vec<Listener>, msg: Control) {
     }
 }
 
-fn poll_all(listeners: &[Listener], timeout_ms: i64) -> Result<Vec<Ready>, zmq::Error> {
-    let mut items = Vec::with_capacity(listeners.len() * 3);
-    for l in listeners {
-        items.push(l.spec.monitor.as_poll_item(zmq::POLLIN));
-        items.push(l.spec.sub.as_poll_item(zmq::POLLIN));
-        if let Some(run) = &l.replay {
-            items.push(run.socket.as_poll_item(zmq::POLLIN));
-        }
-    }
-    zmq::poll(&mut items, timeout_ms)?;
-    let mut ready = Vec::with_capacity(listeners.len());
-    let mut it = items.iter();
-    for l in listeners {
-        let monitor = it.next().is_some_and(|i| i.is_readable());
-        let sub = it.next().is_some_and(|i| i.is_readable());
-        let replay = l.replay.is_some() && it.next().is_some_and(|i| i.is_readable());
-        ready.push(Ready { monitor, sub, replay });
-    }
-    Ok(ready)
-}
-
 impl Listener {
-    fn read_monitor(&mut self) {
+    /// Reads the monitor's events; true if it stopped at the burst cap.
+    fn read_monitor(&mut self) -> bool {
         for _ in 0..RECV_BURST_MAX {
             let Ok(frames) = self.spec.monitor.recv_multipart(zmq::DONTWAIT) else {
-                return;
+                return false;
             };
             let Some(head) = frames.first().filter(|f| f.len() >= 6) else {
                 continue;
@@ -240,6 +316,7 @@ impl Listener {
             let value = u32::from_ne_bytes([head[2], head[3], head[4], head[5]]);
             self.on_monitor_event(event, value);
         }
+        true
     }
 
     fn on_monitor_event(&mut self, event: u16, value: u32) {
@@ -291,10 +368,11 @@ impl Listener {
         }
     }
 
-    fn read_live(&mut self, t: &ThreadCtx) {
+    /// Reads live batches; true if it stopped at the burst cap.
+    fn read_live(&mut self, t: &ThreadCtx) -> bool {
         for _ in 0..RECV_BURST_MAX {
             let Ok(frames) = self.spec.sub.recv_multipart(zmq::DONTWAIT) else {
-                return;
+                return false;
             };
             match decode_live(&frames) {
                 Ok(batch) => {
@@ -310,6 +388,7 @@ impl Listener {
                 }
             }
         }
+        true
     }
 
     fn note_undecodable(&mut self, t: &ThreadCtx, batch: &Batch) {
@@ -369,7 +448,7 @@ impl Listener {
                     // reconnected: make sure a reconnect already queued on the
                     // monitor is known.
                     monitor_checked = true;
-                    self.read_monitor();
+                    self.monitor_more |= self.read_monitor();
                 }
                 Verdict::Duplicate => {
                     t.bump(&t.counters.duplicates_dropped, 1);
@@ -513,19 +592,23 @@ impl Listener {
         }
     }
 
-    fn read_replies(&mut self, t: &ThreadCtx) {
+    /// Reads replay replies; true if it stopped at the burst cap.
+    fn read_replies(&mut self, t: &ThreadCtx) -> bool {
         for _ in 0..RECV_BURST_MAX {
             let Some(run) = self.replay.as_mut() else {
-                return;
+                return false;
             };
             let Ok(frames) = run.socket.recv_multipart(zmq::DONTWAIT) else {
-                return;
+                return false;
             };
             run.replies += 1;
             run.last_reply = Instant::now();
             let over_budget = run.replies >= t.cfg.replay_batches_max;
             match decode_reply(&frames) {
-                Ok(Reply::End) => return self.replay_ended(t),
+                Ok(Reply::End) => {
+                    self.replay_ended(t);
+                    return false;
+                }
                 Ok(Reply::Batch(batch)) => self.on_replayed(t, batch),
                 Err(e) => {
                     t.bump(&t.counters.malformed_messages, 1);
@@ -534,9 +617,11 @@ impl Listener {
                 }
             }
             if over_budget && self.replay.is_some() {
-                return self.finish_replay(t);
+                self.finish_replay(t);
+                return false;
             }
         }
+        true
     }
 
     fn on_replayed(&mut self, t: &ThreadCtx, batch: Batch) {

@@ -4,8 +4,8 @@
 //!
 //! # Shape
 //!
-//! Listener threads (pinned) each own many SUB sockets and poll them
-//! together. A listener checks each message's shape (3 frames, 8-byte seq),
+//! Listener threads (pinned) each own many SUB sockets and sleep in one
+//! epoll wait on all of them, reading only those that are ready. A listener checks each message's shape (3 frames, 8-byte seq),
 //! decodes the msgpack batch, judges its seq, and sends it to the writer
 //! shard that owns the worker: a stable hash of (instance, dp_rank) modulo
 //! the shard count. The send blocks when the shard's bounded queue is full;
@@ -87,6 +87,7 @@ mod counters;
 mod decode;
 mod listener;
 mod log;
+mod poller;
 mod replay;
 mod sequencer;
 mod service;

@@ -20,6 +20,7 @@ use super::config::{
 };
 use super::counters::{Counters, IngestCounters};
 use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
+use super::poller::Doorbell;
 use super::shard::{run_shard, shard_for, ShardMsg};
 use super::sink::EventSink;
 use super::status::{ListenerId, ListenerInfo, ListenerShared};
@@ -137,6 +138,8 @@ pub struct Ingest {
     // Senders first: dropping them lets threads see the end, and sockets
     // still queued in a control channel close before the context does.
     listener_txs: Vec<Sender<Control>>,
+    /// One per listener thread, rung after its control channel gets a message.
+    bells: Vec<Arc<Doorbell>>,
     shards: Vec<Sender<ShardMsg>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     registry: Mutex<Registry>,
@@ -198,10 +201,14 @@ impl Ingest {
             threads.push(handle);
         }
         let mut listener_txs = Vec::new();
+        let mut bells = Vec::new();
         for i in 0..listener_count {
             let (tx, rx) = bounded(CONTROL_QUEUE_MAX);
             listener_txs.push(tx);
+            let bell = Arc::new(Doorbell::new().map_err(|e| IngestError::Resource(e.to_string()))?);
+            bells.push(bell.clone());
             let t = ThreadCtx {
+                bell,
                 ctx: ctx.clone(),
                 cfg: cfg.clone(),
                 shards: shards.clone(),
@@ -223,6 +230,7 @@ impl Ingest {
         let registry = Registry { thread_load: vec![0; listener_count], ..Registry::default() };
         Ok(Ingest {
             listener_txs,
+            bells,
             shards,
             threads: Mutex::new(threads),
             registry: Mutex::new(registry),
@@ -282,6 +290,7 @@ impl Ingest {
         self.listener_txs[thread]
             .send_timeout(Control::Add(Box::new(new)), Duration::from_millis(CONTROL_TIMEOUT_MS))
             .map_err(|_| IngestError::Timeout("adding a listener"))?;
+        self.bells[thread].ring();
         reg.thread_load[thread] += 1;
         reg.watermarks.remove(&spec.worker);
         reg.seeded_ranks.remove(&spec.worker);
@@ -312,7 +321,10 @@ impl Ingest {
         let outcome = self.listener_txs[entry.thread]
             .send_timeout(Control::Remove { id, done: done_tx }, timeout)
             .ok()
-            .and_then(|()| done_rx.recv_timeout(timeout).ok());
+            .and_then(|()| {
+                self.bells[entry.thread].ring();
+                done_rx.recv_timeout(timeout).ok()
+            });
         let mut reg = self.registry.lock();
         reg.by_worker.remove(&entry.worker);
         reg.thread_load[entry.thread] -= 1;
@@ -403,6 +415,7 @@ impl Ingest {
     /// order, then run live. Idempotent.
     pub fn open_ready_gate(&self) {
         self.gate_open.store(true, Ordering::Release);
+        self.bells.iter().for_each(|b| b.ring());
     }
 
     /// Whether the ready gate is open.
@@ -440,11 +453,16 @@ impl Ingest {
         &self.cfg
     }
 
-    /// Stops every thread and closes every socket. Threads notice within
-    /// `poll_timeout_ms` (listeners) or 50 ms (shards, blocked sends).
+    /// Stops every thread and closes every socket. Listeners and shards are
+    /// woken at once; a send blocked on a full shard notices within 50 ms.
     /// Idempotent.
     pub fn shutdown(&self) {
         self.shutdown.store(true, Ordering::Relaxed);
+        self.bells.iter().for_each(|b| b.ring());
+        for tx in &self.shards {
+            // A full queue means the shard is awake and sees the flag soon.
+            let _ = tx.try_send(ShardMsg::Wake);
+        }
         let threads = std::mem::take(&mut *self.threads.lock());
         for handle in threads {
             let _ = handle.join();

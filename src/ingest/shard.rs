@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam::channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
+use crossbeam::channel::{Receiver, SendTimeoutError, Sender};
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -31,6 +31,8 @@ pub(crate) enum ShardMsg {
     Remove { worker: WorkerId, sink: Arc<dyn EventSink>, done: Sender<()> },
     /// Acknowledged once every earlier message has been handled.
     Sync(Sender<()>),
+    /// Nothing to do: wakes the shard so it sees a shutdown.
+    Wake,
 }
 
 /// The shard that owns `worker`, stable across runs for a given shard count.
@@ -64,7 +66,9 @@ struct WorkerState {
     converter: WorkerConverter,
 }
 
-/// The shard thread's loop: runs until shutdown or until every sender is gone.
+/// The shard thread's loop: runs until shutdown or until every sender is
+/// gone. It sleeps in `recv` while its queue is empty (shutdown sends it a
+/// `Wake`), so an idle shard costs nothing.
 pub(crate) fn run_shard(
     rx: Receiver<ShardMsg>,
     skips: Arc<SkipCounters>,
@@ -77,10 +81,8 @@ pub(crate) fn run_shard(
         if shutdown.load(Ordering::Relaxed) {
             return;
         }
-        let msg = match rx.recv_timeout(Duration::from_millis(SHUTDOWN_CHECK_MS)) {
-            Ok(msg) => msg,
-            Err(RecvTimeoutError::Timeout) => continue,
-            Err(RecvTimeoutError::Disconnected) => return,
+        let Ok(msg) = rx.recv() else {
+            return;
         };
         match msg {
             ShardMsg::Batch { worker, block_size, sink, events } => {
@@ -113,6 +115,7 @@ pub(crate) fn run_shard(
             ShardMsg::Sync(done) => {
                 let _ = done.send(());
             }
+            ShardMsg::Wake => {}
         }
     }
 }

@@ -95,6 +95,11 @@ impl Daemon {
         code
     }
 
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn get(&self, path: &str) -> (u16, String) {
         request("GET", &format!("{}{path}", self.base), None)
     }

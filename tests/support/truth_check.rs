@@ -163,9 +163,10 @@ pub fn check_chains(d: &Daemon, engines: &[Engine]) -> (usize, usize) {
                        "cpu": tokens(cpu), "disk": tokens(disk)})
             };
             let want = depths(gpu, cpu, disk);
-            let (status, v) = d.post_json("/query_by_hash", json!({"block_hashes": locals, "model_name": MODEL}));
+            let body = json!({"block_hashes": locals, "model_name": MODEL, "include_unmatched": true});
+            let (status, v) = d.post_json("/query_by_hash", body);
             queried += 1;
-            // Registered workers that match nothing are listed with zeros.
+            // Registered workers that match nothing are listed with zeros (asked for).
             let others_zero = v["instances"]
                 .as_object()
                 .is_some_and(|m| m.iter().all(|(k, w)| *k == e.instance.to_string() || *w == depths(0, 0, 0)));

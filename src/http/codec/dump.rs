@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! {"<model>:<tenant>": {"model_name": "..", "tenant_id": "..", "block_size": 16, "events": [
-//!   {"worker_id": 7, "storage_tier": "device",
+//!   {"worker_id": 7, "storage_tier": "device", "residency_domain": "worker",
 //!    "event": {"event_id": 0, "data": {"stored": {"parent_hash": 11, "start_position": null,
 //!              "blocks": [{"block_hash": 12, "tokens_hash": 99, "mm_extra_info": null}]}},
 //!              "dp_rank": 1}},
@@ -22,11 +22,16 @@
 //!   `parent_hash`, `start_position` and `mm_extra_info` may be absent or
 //!   null, a cleared event may also be `{"cleared": null}`, unknown fields
 //!   are ignored. Hashes may also be negative (two's complement).
+//! - `residency_domain` is always `"worker"` on output (Dynamo 1.6.1
+//!   writes it too). On input a missing one means `"worker"`, as in Dynamo;
+//!   any other value (`"cache_owner"`, an unknown name, `null`, a number)
+//!   is an unsupported residency domain: Dynamo skips such an event and
+//!   counts it, and so do we (`unsupported_residency`, by event type), the
+//!   rest of the dump still applies.
 //! - Skipped, and counted, on input: events of a storage tier we do not
-//!   know, events whose `residency_domain` is not the worker's own (cache
-//!   owner residency is not a worker's cache), and entries that carry an
-//!   `"error"` instead of events (Dynamo writes those when one index fails
-//!   to dump).
+//!   know, events of an unsupported residency domain (above), and entries
+//!   that carry an `"error"` instead of events (Dynamo writes those when
+//!   one index fails to dump).
 //!
 //! Writing is hand-rolled (a dump can hold millions of blocks); reading goes
 //! through serde, whose recursion limit bounds nesting; the body itself is
@@ -52,8 +57,11 @@ pub struct DumpEntry {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DumpParse {
     pub entries: Vec<DumpEntry>,
-    /// Events skipped: unknown storage tier or foreign residency domain.
+    /// Events skipped: unknown storage tier or unsupported residency domain.
     pub skipped_events: u64,
+    /// Of those, events of an unsupported residency domain, by event type
+    /// (stored, removed, cleared).
+    pub unsupported_residency: [u64; 3],
     /// Entries skipped because the peer reported an error instead of events.
     pub skipped_entries: u64,
 }
@@ -89,7 +97,7 @@ fn write_event(out: &mut Vec<u8>, event: &Event, event_id: u64) {
     push_u64(out, event.worker.instance_id);
     out.extend_from_slice(b",\"storage_tier\":\"");
     out.extend_from_slice(event.tier.as_str().as_bytes());
-    out.extend_from_slice(b"\",\"event\":{\"event_id\":");
+    out.extend_from_slice(b"\",\"residency_domain\":\"worker\",\"event\":{\"event_id\":");
     push_u64(out, event_id);
     out.extend_from_slice(b",\"data\":");
     match &event.kind {
@@ -173,6 +181,9 @@ pub fn parse_dump_counted(body: &[u8]) -> Result<DumpParse, BodyError> {
             }
         };
         parsed.skipped_events += events.skipped;
+        for (total, n) in parsed.unsupported_residency.iter_mut().zip(events.unsupported_residency) {
+            *total += n;
+        }
         parsed.entries.push(DumpEntry { model_name, tenant_id, block_size, events: events.events });
     }
     Ok(parsed)
@@ -219,6 +230,7 @@ struct WireEntry {
 struct Events {
     events: Vec<Event>,
     skipped: u64,
+    unsupported_residency: [u64; 3],
 }
 
 impl<'de> Deserialize<'de> for Events {
@@ -230,11 +242,15 @@ impl<'de> Deserialize<'de> for Events {
                 f.write_str("an array of RouterEvent objects")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Events, A::Error> {
-                let mut out = Events { events: Vec::new(), skipped: 0 };
+                let mut out = Events { events: Vec::new(), skipped: 0, unsupported_residency: [0; 3] };
                 while let Some(e) = seq.next_element::<WireEvent>()? {
                     match e.into_event() {
-                        Some(ev) => out.events.push(ev),
-                        None => out.skipped += 1,
+                        Ok(ev) => out.events.push(ev),
+                        Err(Skip::Tier) => out.skipped += 1,
+                        Err(Skip::Residency(kind)) => {
+                            out.skipped += 1;
+                            out.unsupported_residency[kind] += 1;
+                        }
                     }
                 }
                 Ok(out)
@@ -250,18 +266,30 @@ struct WireEvent {
     #[serde(default)]
     storage_tier: WireTier,
     #[serde(default)]
-    residency_domain: Option<WireDomain>,
+    residency_domain: WireDomain,
     event: WireKvEvent,
 }
 
+/// Why an event of a dump is left out.
+enum Skip {
+    Tier,
+    /// An unsupported residency domain; the event's type (stored, removed, cleared).
+    Residency(usize),
+}
+
 impl WireEvent {
-    fn into_event(self) -> Option<Event> {
-        let WireTier(Some(tier)) = self.storage_tier else {
-            return None;
-        };
-        if let Some(WireDomain(false)) = self.residency_domain {
-            return None;
+    fn into_event(self) -> Result<Event, Skip> {
+        if self.residency_domain == WireDomain::Unsupported {
+            let kind = match self.event.data {
+                WireData::Stored(_) => 0,
+                WireData::Removed(_) => 1,
+                WireData::Cleared => 2,
+            };
+            return Err(Skip::Residency(kind));
         }
+        let WireTier(Some(tier)) = self.storage_tier else {
+            return Err(Skip::Tier);
+        };
         let worker = WorkerId::new(self.worker_id, self.event.dp_rank);
         let kind = match self.event.data {
             WireData::Stored(s) => EventKind::Stored {
@@ -277,7 +305,7 @@ impl WireEvent {
             }
             WireData::Cleared => EventKind::Cleared,
         };
-        Some(Event { worker, tier, kind })
+        Ok(Event { worker, tier, kind })
     }
 }
 
@@ -345,22 +373,21 @@ impl<'de> Deserialize<'de> for WireTier {
     }
 }
 
-/// A residency domain: true for the worker's own (`"worker"`).
-struct WireDomain(bool);
+/// A residency domain: the worker's own (`"worker"`, or the field left
+/// out), or anything else, which this index cannot hold.
+#[derive(Default, PartialEq, Eq)]
+enum WireDomain {
+    #[default]
+    Worker,
+    Unsupported,
+}
 
 impl<'de> Deserialize<'de> for WireDomain {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = WireDomain;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a residency domain name")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<WireDomain, E> {
-                Ok(WireDomain(v == "worker"))
-            }
-        }
-        d.deserialize_str(V)
+        // Whatever the value is, it is read whole and judged, as Dynamo's
+        // tolerant wire type does: only "worker" is ours.
+        let v = serde_json::Value::deserialize(d)?;
+        Ok(if v.as_str() == Some("worker") { WireDomain::Worker } else { WireDomain::Unsupported })
     }
 }
 
@@ -418,16 +445,16 @@ mod tests {
         assert_eq!(
             v,
             json!({"m:t": {"model_name": "m", "tenant_id": "t", "block_size": 16, "events": [
-                {"worker_id": 7, "storage_tier": "device", "event": {"event_id": 0, "data": {"stored": {
+                {"worker_id": 7, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 0, "data": {"stored": {
                     "parent_hash": 11, "start_position": null,
                     "blocks": [{"block_hash": 12, "tokens_hash": 99, "mm_extra_info": null}]}}, "dp_rank": 1}},
-                {"worker_id": 7, "storage_tier": "host_pinned", "event": {"event_id": 1, "data": {"stored": {
+                {"worker_id": 7, "storage_tier": "host_pinned", "residency_domain": "worker", "event": {"event_id": 1, "data": {"stored": {
                     "parent_hash": null, "start_position": null,
                     "blocks": [{"block_hash": u64::MAX, "tokens_hash": 1, "mm_extra_info": null},
                                {"block_hash": 2, "tokens_hash": 3, "mm_extra_info": null}]}}, "dp_rank": 0}},
-                {"worker_id": 8, "storage_tier": "disk", "event": {"event_id": 2, "data": {"removed": {
+                {"worker_id": 8, "storage_tier": "disk", "residency_domain": "worker", "event": {"event_id": 2, "data": {"removed": {
                     "block_hashes": [5, 6]}}, "dp_rank": 0}},
-                {"worker_id": 9, "storage_tier": "device", "event": {"event_id": 3, "data": "cleared", "dp_rank": 2}}
+                {"worker_id": 9, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 3, "data": "cleared", "dp_rank": 2}}
             ]}})
         );
     }
@@ -448,6 +475,7 @@ mod tests {
         }"#;
         let d = parse_dump_counted(body).unwrap();
         assert_eq!(d.skipped_events, 2);
+        assert_eq!(d.unsupported_residency, [0, 0, 1]);
         assert_eq!(d.skipped_entries, 1);
         assert_eq!(
             d.entries,
@@ -461,6 +489,29 @@ mod tests {
                 ],
             }]
         );
+    }
+
+    #[test]
+    fn only_the_worker_residency_domain_is_applied() {
+        let event = |domain: &str| {
+            format!(
+                r#"{{"worker_id": 1, {domain} "event": {{"event_id": 0, "data": {{"stored": {{"blocks": [{{"block_hash": 1, "tokens_hash": 2}}]}}}}}}}}"#
+            )
+        };
+        let domains = [
+            r#""residency_domain": "worker","#,
+            "",
+            r#""residency_domain": "cache_owner","#,
+            r#""residency_domain": "future_domain","#,
+            r#""residency_domain": null,"#,
+            r#""residency_domain": 3,"#,
+            r#""residency_domain": {"a": [1]},"#,
+        ];
+        let events: Vec<String> = domains.iter().map(|d| event(d)).collect();
+        let body = format!(r#"{{"m:t": {{"block_size": 4, "events": [{}]}}}}"#, events.join(","));
+        let d = parse_dump_counted(body.as_bytes()).unwrap();
+        assert_eq!(d.entries[0].events.len(), 2, "worker and missing are applied");
+        assert_eq!((d.skipped_events, d.unsupported_residency), (5, [5, 0, 0]));
     }
 
     #[test]

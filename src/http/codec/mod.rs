@@ -49,6 +49,7 @@ mod workers;
 pub use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
 pub use control::{parse_peer, parse_register, parse_unregister, PeerRequest, RegisterRequest, UnregisterRequest};
 pub use dump::{check_dump_bytes, parse_dump, parse_dump_counted, write_dump, DumpEntry, DumpParse};
+pub(crate) use out::push_str;
 pub use query::{parse_query, parse_query_by_hash, QueryRequest};
 pub use response::{write_error, write_query_response, write_status_ok};
 pub use workers::{aggregate_status, write_peers, write_workers, WorkerInfo, WorkerListener};

@@ -48,7 +48,7 @@ pub(super) fn push_u64_key(out: &mut Vec<u8>, v: u64) {
 
 /// Appends `s` as a JSON string: quoted, with `"`, `\` and control
 /// characters escaped. Everything else is copied as UTF-8.
-pub(super) fn push_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn push_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
     let bytes = s.as_bytes();
     let mut plain_from = 0;

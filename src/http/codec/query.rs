@@ -7,6 +7,8 @@
 //! given they must agree); `lora_name` and `cache_salt` are optional
 //! strings. `/query_by_hash` refuses a non-null `cache_salt` (400, as
 //! Dynamo does: the hashes must already include it) and ignores `lora_name`.
+//! `include_unmatched` (ours; a boolean, default false) asks for every
+//! registered worker in the answer, with zeros where nothing matched.
 
 use super::fast::plain_u32_prefix;
 use super::problems::{finish, tenant, Problems};
@@ -24,6 +26,8 @@ pub struct QueryRequest<'a> {
     pub lora_name: Option<Cow<'a, str>>,
     /// Always None for `/query_by_hash`.
     pub cache_salt: Option<Cow<'a, str>>,
+    /// List registered workers that matched nothing too (with zeros).
+    pub include_unmatched: bool,
 }
 
 /// Parses a `/query` body. `token_ids` (each an integer in 0..=u32::MAX;
@@ -53,6 +57,7 @@ const ROUTING_GROUP: u32 = 1 << 2;
 const LORA_NAME: u32 = 1 << 3;
 const CACHE_SALT: u32 = 1 << 4;
 const IDS: u32 = 1 << 5;
+const INCLUDE_UNMATCHED: u32 = 1 << 6;
 
 fn parse<'a>(body: &'a [u8], mut ids: Ids<'_>) -> Result<QueryRequest<'a>, BodyError> {
     if body.len() > QUERY_BODY_BYTES_MAX {
@@ -70,6 +75,7 @@ fn parse<'a>(body: &'a [u8], mut ids: Ids<'_>) -> Result<QueryRequest<'a>, BodyE
     let mut routing_group = None;
     let mut lora_name = None;
     let mut cache_salt = None;
+    let mut include_unmatched = false;
 
     let mut scan = Scan::new(body);
     let scanned = scan.top_object(|s, key| {
@@ -79,6 +85,7 @@ fn parse<'a>(body: &'a [u8], mut ids: Ids<'_>) -> Result<QueryRequest<'a>, BodyE
             "routing_group" => ROUTING_GROUP,
             "lora_name" if !by_hash => LORA_NAME,
             "cache_salt" => CACHE_SALT,
+            "include_unmatched" => INCLUDE_UNMATCHED,
             k if k == ids_name => IDS,
             _ => return s.skip(),
         };
@@ -104,6 +111,11 @@ fn parse<'a>(body: &'a [u8], mut ids: Ids<'_>) -> Result<QueryRequest<'a>, BodyE
                     }),
                 }
             }
+            INCLUDE_UNMATCHED => match s.read_opt_bool()? {
+                Ok(v) => include_unmatched = v.unwrap_or(false),
+                Err(found) => problems
+                    .unprocessable(|| format!("`include_unmatched` must be a boolean or null, found {found}")),
+            },
             CACHE_SALT => match s.read_opt_str()? {
                 Ok(Some(_)) if by_hash => problems.invalid(|| {
                     "cache_salt is not accepted by /query_by_hash; block_hashes must already include the intended cache salt".to_string()
@@ -167,7 +179,7 @@ fn parse<'a>(body: &'a [u8], mut ids: Ids<'_>) -> Result<QueryRequest<'a>, BodyE
     };
     finish(scanned, problems, what)?;
     match model_name {
-        Some(model_name) => Ok(QueryRequest { model_name, tenant_id, lora_name, cache_salt }),
+        Some(model_name) => Ok(QueryRequest { model_name, tenant_id, lora_name, cache_salt, include_unmatched }),
         // Unreachable: a missing or mistyped model_name was recorded above.
         None => Err(BodyError::Unprocessable("missing field `model_name` (a string)".to_string())),
     }
@@ -213,6 +225,21 @@ mod tests {
         let (r, _) = q(r#"{"token_ids":[],"model_name":"plain","routing_group":"g\"x"}"#).unwrap();
         assert!(matches!(r.model_name, Cow::Borrowed("plain")));
         assert!(matches!(r.tenant_id, Some(Cow::Owned(ref s)) if s == "g\"x"));
+    }
+
+    #[test]
+    fn include_unmatched_is_an_optional_boolean() {
+        let (r, _) = q(r#"{"token_ids":[],"model_name":"m"}"#).unwrap();
+        assert!(!r.include_unmatched);
+        let (r, _) = q(r#"{"token_ids":[],"model_name":"m","include_unmatched":true}"#).unwrap();
+        assert!(r.include_unmatched);
+        let (r, _) = h(r#"{"block_hashes":[],"model_name":"m","include_unmatched":null}"#).unwrap();
+        assert!(!r.include_unmatched);
+        for bad in ["1", "\"true\"", "[]"] {
+            let body = format!(r#"{{"token_ids":[],"model_name":"m","include_unmatched":{bad}}}"#);
+            assert_eq!(class(q(&body)), "unprocessable", "{bad}");
+        }
+        assert_eq!(class(q(r#"{"token_ids":[],"model_name":"m","include_unmatched":tru}"#)), "malformed");
     }
 
     #[test]

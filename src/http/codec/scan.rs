@@ -312,6 +312,20 @@ impl<'a> Scan<'a> {
         Ok(self.read_uint(max)?.map(Some))
     }
 
+    /// Reads a boolean or null (None); anything else is skipped and described.
+    pub fn read_opt_bool(&mut self) -> SResult<Result<Option<bool>, String>> {
+        match self.peek() {
+            Some(b'n') => self.literal(b"null").map(|()| Ok(None)),
+            Some(b't') => self.literal(b"true").map(|()| Ok(Some(true))),
+            Some(b'f') => self.literal(b"false").map(|()| Ok(Some(false))),
+            _ => {
+                let found = self.found();
+                self.skip()?;
+                Ok(Err(found.to_string()))
+            }
+        }
+    }
+
     /// The source text from `start` to the cursor, shortened, for messages.
     fn text(&self, start: usize) -> String {
         const SHOWN_BYTES_MAX: usize = 40;

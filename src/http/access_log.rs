@@ -1,0 +1,359 @@
+//! The access log (Dynamo's `--access-log PATH`): one JSON line per HTTP
+//! request, appended to a file, reopened on `POST /reopen_logs` or SIGHUP so
+//! logrotate can move the file away.
+//!
+//! A line is Dynamo's: `{"ts","trace_id","method","path","model","status",
+//! "duration_ms"}`. `ts` is when the request head was read, RFC 3339 with
+//! milliseconds (UTC with `Z`, or local time with its offset under
+//! `--access-log-local-time`); `trace_id` the value of the
+//! `--trace-id-header` (default `x-trace-id`) or `-`; `path` the endpoint
+//! (`unknown` for a path that is none); `model` the request's `model_name`
+//! where the endpoint takes one and the body said it, else `-`.
+//!
+//! Request threads never wait on the disk: they put a record on a bounded
+//! queue (`QUEUE_LINES_MAX`) and go on; one writer thread formats, writes
+//! and flushes whenever the queue runs dry. A full queue drops the record
+//! and counts it (`kv_indexer_access_log_dropped_total`). A reopen travels
+//! the same queue, so lines before it land in the old file and lines after
+//! it in the new one; if the new file cannot be opened the old one is kept
+//! and the reopen reports the error.
+
+use crossbeam::channel::{bounded, Receiver, Sender, TrySendError};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Records queued for the writer before new ones are dropped.
+pub const QUEUE_LINES_MAX: usize = 65_536;
+/// Longest trace id copied into a line, in bytes; longer ones are cut.
+pub const TRACE_ID_BYTES_MAX: usize = 256;
+/// How long a reopen waits for the writer to take it and answer.
+const REOPEN_TIMEOUT_MS: u64 = 5_000;
+/// Least time between two warnings about failed writes.
+const ERROR_LOG_INTERVAL_MS: u64 = 10_000;
+
+/// Where the access log goes and what it records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccessLogConfig {
+    /// None: no access log.
+    pub path: Option<PathBuf>,
+    /// The request header copied into `trace_id`, lowercase.
+    pub trace_id_header: String,
+    /// Local time with offset instead of UTC.
+    pub local_time: bool,
+}
+
+impl Default for AccessLogConfig {
+    fn default() -> Self {
+        AccessLogConfig { path: None, trace_id_header: "x-trace-id".into(), local_time: false }
+    }
+}
+
+/// Checks an HTTP header name (RFC 9110 token) and lowercases it.
+pub fn header_name(name: &str) -> Result<String, String> {
+    let tchar = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
+    if name.is_empty() || name.len() > 256 || !name.bytes().all(tchar) {
+        return Err(format!("{name:?} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, 1-256 bytes)"));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+/// One answered request.
+pub struct Record {
+    /// When its head was read.
+    pub at: SystemTime,
+    pub trace_id: Option<String>,
+    pub method: String,
+    pub path: &'static str,
+    pub model: Option<String>,
+    pub status: u16,
+    pub duration: Duration,
+}
+
+enum Msg {
+    Line(Record),
+    Reopen(Sender<Result<(), String>>),
+    Stop,
+}
+
+/// The running access log: a queue and its writer thread.
+pub struct AccessLog {
+    tx: Sender<Msg>,
+    trace_id_header: String,
+    dropped: AtomicU64,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl AccessLog {
+    /// Opens (creating, appending) `cfg.path` and starts the writer; None
+    /// without a path.
+    pub fn open(cfg: &AccessLogConfig) -> Result<Option<AccessLog>, String> {
+        let Some(path) = cfg.path.clone() else { return Ok(None) };
+        let file = open_append(&path)?;
+        let (tx, rx) = bounded(QUEUE_LINES_MAX);
+        let local_time = cfg.local_time;
+        let writer = std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || Writer { path, file, local_time, line: Vec::new(), pending: Vec::new(), errors: 0 }.run(rx))
+            .map_err(|e| format!("cannot start the access log writer: {e}"))?;
+        Ok(Some(AccessLog {
+            tx,
+            trace_id_header: cfg.trace_id_header.clone(),
+            dropped: AtomicU64::new(0),
+            writer: Mutex::new(Some(writer)),
+        }))
+    }
+
+    /// The header whose value becomes `trace_id`, lowercase.
+    pub fn trace_id_header(&self) -> &str {
+        &self.trace_id_header
+    }
+
+    /// Queues a line; never blocks. A full queue drops it, counted.
+    pub fn record(&self, r: Record) {
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(Msg::Line(r)) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Lines dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Closes the file and opens the path again (after logrotate moved it).
+    /// Lines queued before the call go to the old file.
+    pub fn reopen(&self) -> Result<(), String> {
+        let timeout = Duration::from_millis(REOPEN_TIMEOUT_MS);
+        let (done_tx, done_rx) = bounded(1);
+        self.tx.send_timeout(Msg::Reopen(done_tx), timeout).map_err(|_| "the access log writer is busy".to_string())?;
+        done_rx.recv_timeout(timeout).map_err(|_| "the access log writer did not answer".to_string())?
+    }
+
+    /// Writes what is queued, flushes and stops the writer.
+    pub fn stop(&self) {
+        let Some(writer) = self.writer.lock().ok().and_then(|mut w| w.take()) else { return };
+        if self.tx.send_timeout(Msg::Stop, Duration::from_millis(REOPEN_TIMEOUT_MS)).is_ok() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn open_append(path: &Path) -> Result<File, String> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("cannot open the access log {}: {e}", path.display()))
+}
+
+struct Writer {
+    path: PathBuf,
+    file: File,
+    local_time: bool,
+    line: Vec<u8>,
+    /// Formatted lines not yet written.
+    pending: Vec<u8>,
+    errors: u64,
+}
+
+impl Writer {
+    fn run(mut self, rx: Receiver<Msg>) {
+        let mut last_warning: Option<Instant> = None;
+        loop {
+            // Block until something arrives; then take what is queued and
+            // write it in one go.
+            let msg = match rx.recv() {
+                Ok(m) => m,
+                Err(_) => return self.flush(&mut last_warning),
+            };
+            let mut next = Some(msg);
+            while let Some(msg) = next.take() {
+                match msg {
+                    Msg::Line(r) => {
+                        self.format(&r);
+                        if self.pending.len() >= 1 << 16 {
+                            self.flush(&mut last_warning);
+                        }
+                    }
+                    Msg::Reopen(done) => {
+                        self.flush(&mut last_warning);
+                        let _ = done.send(open_append(&self.path).map(|f| self.file = f));
+                    }
+                    Msg::Stop => return self.flush(&mut last_warning),
+                }
+                next = rx.try_recv().ok();
+            }
+            self.flush(&mut last_warning);
+        }
+    }
+
+    fn flush(&mut self, last_warning: &mut Option<Instant>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        if let Err(e) = self.file.write_all(&self.pending) {
+            self.errors += 1;
+            if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_millis(ERROR_LOG_INTERVAL_MS)) {
+                *last_warning = Some(Instant::now());
+                crate::warn!(
+                    "writing the access log {} failed ({} failed writes so far): {e}",
+                    self.path.display(),
+                    self.errors
+                );
+            }
+        }
+        self.pending.clear();
+    }
+
+    fn format(&mut self, r: &Record) {
+        let line = &mut self.line;
+        line.clear();
+        line.extend_from_slice(b"{\"ts\":\"");
+        push_timestamp(line, r.at, self.local_time);
+        line.extend_from_slice(b"\",\"trace_id\":");
+        let trace = r.trace_id.as_deref().unwrap_or("-");
+        super::codec::push_str(line, cut(trace, TRACE_ID_BYTES_MAX));
+        line.extend_from_slice(b",\"method\":");
+        super::codec::push_str(line, &r.method);
+        line.extend_from_slice(b",\"path\":");
+        super::codec::push_str(line, r.path);
+        line.extend_from_slice(b",\"model\":");
+        super::codec::push_str(line, r.model.as_deref().unwrap_or("-"));
+        let ms = r.duration.as_secs_f64() * 1e3;
+        let _ = writeln!(line, ",\"status\":{},\"duration_ms\":{ms}}}", r.status);
+        self.pending.extend_from_slice(line);
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a char boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Writes `t` as RFC 3339 with milliseconds: `2025-01-02T03:04:05.678Z`, or
+/// in local time with its offset, `2025-01-02T04:04:05.678+01:00`.
+pub fn push_timestamp(out: &mut Vec<u8>, t: SystemTime, local_time: bool) {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs() as libc::time_t;
+    let millis = since.subsec_millis();
+    // SAFETY: a zeroed tm is valid; the _r variants write only into `tm`.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    let ok = unsafe {
+        if local_time {
+            !libc::localtime_r(&secs, &mut tm).is_null()
+        } else {
+            !libc::gmtime_r(&secs, &mut tm).is_null()
+        }
+    };
+    if !ok {
+        tm = unsafe { std::mem::zeroed() };
+    }
+    let _ = write!(
+        out,
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{millis:03}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    );
+    if !local_time {
+        out.push(b'Z');
+        return;
+    }
+    let offset_min = tm.tm_gmtoff / 60;
+    let sign = if offset_min < 0 { '-' } else { '+' };
+    let _ = write!(out, "{sign}{:02}:{:02}", offset_min.abs() / 60, offset_min.abs() % 60);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_timestamps_are_rfc3339_with_millis() {
+        let mut out = Vec::new();
+        push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(1_700_000_000_123), false);
+        assert_eq!(String::from_utf8(out).unwrap(), "2023-11-14T22:13:20.123Z");
+        let mut out = Vec::new();
+        push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(951_825_600_007), false);
+        assert_eq!(String::from_utf8(out).unwrap(), "2000-02-29T12:00:00.007Z", "a leap day");
+    }
+
+    #[test]
+    fn local_timestamps_carry_an_offset() {
+        let mut out = Vec::new();
+        push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(1_700_000_000_123), true);
+        let s = String::from_utf8(out).unwrap();
+        assert_eq!(s.len(), "2023-11-14T22:13:20.123+00:00".len(), "{s}");
+        assert!(matches!(&s[23..24], "+" | "-") && &s[26..27] == ":", "{s}");
+    }
+
+    #[test]
+    fn header_names_are_tokens() {
+        assert_eq!(header_name("X-Trace-Id").unwrap(), "x-trace-id");
+        for bad in ["", "a b", "a:b", "é", &"a".repeat(257)] {
+            assert!(header_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn long_trace_ids_are_cut_on_a_char_boundary() {
+        assert_eq!(cut("aé", 2), "a");
+        assert_eq!(cut("abc", 5), "abc");
+    }
+
+    #[test]
+    fn lines_are_written_and_reopened() {
+        let dir = std::env::temp_dir().join(format!("kv-access-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("access.log");
+        let _ = std::fs::remove_file(&path);
+        let cfg = AccessLogConfig { path: Some(path.clone()), ..AccessLogConfig::default() };
+        let log = AccessLog::open(&cfg).unwrap().unwrap();
+        let rec = |status| Record {
+            at: UNIX_EPOCH,
+            trace_id: Some("t\"1".into()),
+            method: "POST".into(),
+            path: "/query",
+            model: None,
+            status,
+            duration: Duration::from_micros(1500),
+        };
+        log.record(rec(200));
+        std::fs::rename(&path, dir.join("access.log.1")).unwrap();
+        log.reopen().unwrap();
+        log.record(rec(404));
+        log.stop();
+        let old = std::fs::read_to_string(dir.join("access.log.1")).unwrap();
+        let new = std::fs::read_to_string(&path).unwrap();
+        let v: serde_json::Value = serde_json::from_str(old.trim()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"ts": "1970-01-01T00:00:00.000Z", "trace_id": "t\"1", "method": "POST",
+                "path": "/query", "model": "-", "status": 200, "duration_ms": 1.5})
+        );
+        assert_eq!(new.lines().count(), 1);
+        assert!(new.contains("\"status\":404"), "{new}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
