@@ -94,15 +94,28 @@ impl Members {
             + self.groups.iter().map(|g| std::mem::size_of::<GroupSegs>() + g.len() * 12).sum::<usize>()
     }
 
-    /// One past the last offset anybody holds (0: nobody holds anything).
+    /// One past the last offset below `len` anybody holds (0: nobody holds
+    /// anything). Segments past the run's end do not count.
     pub(crate) fn held_end(&self, len: u32) -> u32 {
         let mut end = 0;
         for g in self.groups.iter() {
-            if let Some(i) = (0..g.len()).rev().find(|&i| g.bits(i) != 0) {
+            let inside = g.starts.partition_point(|&s| s < len);
+            if let Some(i) = (0..inside).rev().find(|&i| g.bits(i) != 0) {
                 end = end.max(g.end(i, len).min(len));
             }
         }
         end
+    }
+
+    /// Whether offsets `from..` are held by nobody but `only` (group, bit).
+    pub(crate) fn tail_only(&self, from: u32, only: Option<(u32, u64)>) -> bool {
+        self.groups.iter().all(|g| {
+            let allowed = match only {
+                Some((group, bit)) if group == g.group => bit,
+                _ => 0,
+            };
+            (g.find(from)..g.len()).all(|i| g.bits(i) & !allowed == 0)
+        })
     }
 
     /// Whether `bit` of `group` holds `offset`.

@@ -202,8 +202,28 @@ impl Tree {
     /// Sets or clears the holder's bit over `a..b` of `run` in its tier.
     pub(crate) fn mark(&mut self, shared: &Shared, run: u32, who: Holder, a: u32, b: u32, on: bool) {
         let len = self.len(shared, run);
+        if !on && a > 0 && b == len && self.tail_is_only(shared, run, who, a) {
+            // The worker lets go of a tail nobody else holds (an engine
+            // evicting the end of a sequence): cut it, with no new members.
+            // The worker's bits past the cut are its own, and its version is
+            // moving, so no reader is misled by them.
+            self.cut(shared, run, a);
+            return;
+        }
         let change = members::update(self.members(shared, run, who.tier), who.group, a, b, len, who.bit, on);
         self.set_members(shared, run, who.tier, change);
+    }
+
+    /// Whether blocks `from..` of `run` are held by `who` alone (in any tier)
+    /// and no run hangs under them.
+    fn tail_is_only(&self, shared: &Shared, run: u32, who: Holder, from: u32) -> bool {
+        if self.info[run as usize].children.iter().any(|&(off, _)| off >= from) {
+            return false;
+        }
+        (0..4).all(|tier| {
+            self.members(shared, run, tier)
+                .is_none_or(|m| m.tail_only(from, (tier == who.tier).then_some((who.group, who.bit))))
+        })
     }
 
     /// Appends `chains` to `run` (whose last block is their parent), held by
