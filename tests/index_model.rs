@@ -244,10 +244,10 @@ fn random_streams_match_the_model_many_workers() {
     run(0xC0FFEE, 8000, 130, 2);
 }
 
-/// More seeds on demand: `KV_INDEXER_MODEL_SEEDS=200 cargo test --release --test index_model`.
+/// Eight seeds by default; more on demand: `KV_INDEXER_MODEL_SEEDS=200 cargo test --release --test index_model`.
 #[test]
 fn random_streams_match_the_model_extra_seeds() {
-    let n: u64 = std::env::var("KV_INDEXER_MODEL_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    let n: u64 = std::env::var("KV_INDEXER_MODEL_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
     for i in 0..n {
         let seed = 0x5EED_0000 + i * 7919;
         run(seed, 3000, 8 + (i % 5) * 30, 1 + (i % 7) as usize);
