@@ -204,9 +204,11 @@ fn wait_between_events(table: &SlotTable, masks: &[(usize, u64)], deadline: std:
     }
 }
 
-/// Every worker's depths. A worker whose events were being applied while
-/// the path was walked is searched again, so each worker's answer is a state
-/// it really had. Before each retry it waits (briefly, bounded) for those
+/// Every worker's depths. Stores only set a worker's bits and removes only
+/// take them back, so a walk that overlaps either sees a state between the
+/// worker's before and after. A worker whose version moved while the path
+/// was walked (an event that both took bits back and set others, or a
+/// clear) is searched again, so its answer is a state it really had. Before each retry it waits (briefly, bounded) for those
 /// workers' events to finish; past `RETRIES_MAX` retries it takes the writer
 /// lock (`lock_writer`), which no event can interleave with.
 pub(crate) fn find<L, W>(shared: &Shared, chains: &mut Chains, jump: usize, lock_writer: L) -> Matches
@@ -215,7 +217,7 @@ where
 {
     let guard = epoch::pin();
     let jump = jump.max(1) as u32;
-    shared.slots.read(&guard, |table: &SlotTable| {
+    let found: Vec<(usize, u32, WorkerMatch)> = shared.slots.read(&guard, |table: &SlotTable| {
         let mut pending: Vec<(usize, u64)> =
             (0..table.groups()).map(|g| (g, table.live[g])).filter(|&(_, m)| m != 0).collect();
         // Each finished sweep with the workers whose answers it gives.
@@ -265,11 +267,18 @@ where
             each(taken, |b| {
                 if s.last[b] > 0 {
                     if let Some(worker) = table.worker(group, b as u32) {
-                        out.push(WorkerMatch { worker, device: s.device[b], host: s.host[b], disk: s.last[b] });
+                        let m = WorkerMatch { worker, device: s.device[b], host: s.host[b], disk: s.last[b] };
+                        out.push((group, b as u32, m));
                     }
                 }
             });
         }
-        Matches { workers: out }
-    })
+        out
+    });
+    // A slot given to another worker while the query ran may hold that
+    // worker's bits: answer for slots that still name the same worker.
+    let workers = shared.slots.read(&guard, |now: &SlotTable| {
+        found.into_iter().filter(|&(g, b, m)| now.worker(g, b) == Some(m.worker)).map(|(_, _, m)| m).collect()
+    });
+    Matches { workers }
 }

@@ -205,3 +205,38 @@ fn dump_rebuilds_an_identical_index() {
     }
     assert_eq!(copy.dump_events().len(), ix.dump_events().len());
 }
+
+#[test]
+fn long_events_span_many_pieces_and_runs() {
+    let ix = index();
+    let locals: Vec<u64> = (0..1000u64).map(|i| 50_000 + i).collect();
+    let mine = |w: u64, n: usize| {
+        blocks(&locals[..n].iter().enumerate().map(|(i, &l)| (w << 32 | i as u64, l)).collect::<Vec<_>>())
+    };
+    // A prefill far longer than a piece, then another worker following most of it and going on.
+    assert_eq!(ix.apply(&Event::stored(w(1), DEV, None, mine(1, 700))).stored, 700);
+    assert_eq!(ix.apply(&Event::stored(w(2), DEV, None, mine(2, 1000))).stored, 1000);
+    let m = ix.find_matches(&locals);
+    assert_eq!((dev(&m, w(1)), dev(&m, w(2))), (700, 1000));
+    // The same events again change nothing.
+    assert_eq!(ix.apply(&Event::stored(w(2), DEV, None, mine(2, 1000))).duplicate, 1000);
+    // Decode steps one block at a time on top, then evictions from the tail.
+    let extra: Vec<u64> = (0..300u64).map(|i| 90_000 + i).collect();
+    let mut parent = (2u64 << 32) | 999;
+    for (i, &l) in extra.iter().enumerate() {
+        let h = (2u64 << 32) | (1000 + i as u64);
+        assert_eq!(ix.apply(&Event::stored(w(2), DEV, Some(parent), blocks(&[(h, l)]))).stored, 1);
+        parent = h;
+    }
+    let all: Vec<u64> = locals.iter().chain(&extra).copied().collect();
+    assert_eq!(dev(&ix.find_matches(&all), w(2)), 1300);
+    let tail: Vec<u64> = (0..500u64).rev().map(|i| (2u64 << 32) | (800 + i)).collect();
+    assert_eq!(ix.apply(&Event::removed(w(2), DEV, tail)).removed, 500);
+    let m = ix.find_matches(&all);
+    assert_eq!((dev(&m, w(1)), dev(&m, w(2))), (700, 800));
+    ix.check_consistency();
+    assert_eq!(ix.stats().pairs, 700 + 800);
+    ix.apply(&Event::cleared(w(1)));
+    ix.apply(&Event::cleared(w(2)));
+    assert_eq!((ix.stats().entries, ix.stats().pairs), (0, 0));
+}

@@ -33,9 +33,9 @@ const DEVICE: usize = StorageTier::Device as usize;
 const PREFETCH_AHEAD: usize = 16;
 /// Pairs taken from the shared budget at a time while following existing blocks.
 const PAIR_CREDIT: u64 = 64;
-/// Blocks an event changes in the tree before it lets readers in: a long
-/// prefill is applied as pieces, so a query waits for one piece, not for
-/// the whole event.
+/// Blocks a store changes in the tree, while readers must wait for its
+/// worker, before it lets them in: a query waits for one piece, not for a
+/// whole long prefill.
 const PIECE_BLOCKS: usize = 128;
 
 #[inline]
@@ -276,8 +276,12 @@ fn store_part(
     let mut refused = None;
     {
         let mut guard = ctx.tree.lock();
-        // Readers retry a worker whose version moved while they looked.
-        let mut changing = Changing::new(st);
+        // Only setting bits, a store shows readers states between the
+        // worker's before and after, each a prefix of its blocks. Taking
+        // bits back (a reused hash) could show a mix of both that never
+        // was: from the first such block on, the worker's version is odd
+        // and readers that overlap look again.
+        let mut changing: Option<Changing> = None;
         let mut piece_end = PIECE_BLOCKS;
         let (mut cur, mut pos, mut pchain) = match parent_id {
             None => (NIL, 0u32, None),
@@ -288,11 +292,13 @@ fn store_part(
         while ids.len() < blocks.len() {
             let k = ids.len();
             if k >= piece_end {
-                // A piece done: readers may look between pieces.
-                marks.flush(&mut guard, shared);
-                drop(changing);
-                parking_lot::MutexGuard::bump(&mut guard);
-                changing = Changing::new(st);
+                if changing.is_some() {
+                    // A piece done: readers waiting for the worker may look now.
+                    marks.flush(&mut guard, shared);
+                    drop(changing.take());
+                    parking_lot::MutexGuard::bump(&mut guard);
+                    changing = Some(Changing::new(st));
+                }
                 piece_end = k + PIECE_BLOCKS;
             }
             let tree = &mut *guard;
@@ -314,6 +320,10 @@ fn store_part(
                 // From here on nothing exists: create the rest of the piece in one go.
                 marks.flush(tree, shared);
                 let n = (piece_end - k).min(blocks.len() - k);
+                debug_assert!(n > 0, "a piece always has room");
+                if previous[k..k + n].iter().any(|&old| old != NIL) {
+                    changing.get_or_insert_with(|| Changing::new(st));
+                }
                 refused = create(
                     tree,
                     shared,
@@ -355,6 +365,7 @@ fn store_part(
                 // The engine reused the hash for other content: the new block is
                 // held first, which pins it (and its parents) against the trim.
                 marks.flush(tree, shared);
+                changing.get_or_insert_with(|| Changing::new(st));
                 release_block(tree, shared, st, tier, old, &mut delta);
             }
             ids.push(id);
@@ -366,6 +377,7 @@ fn store_part(
             // Hashes of refused blocks that named other blocks: the engine
             // reused them, so the old blocks are gone all the same.
             for &old in previous[ids.len()..].iter().filter(|&&old| old != NIL) {
+                changing.get_or_insert_with(|| Changing::new(st));
                 release_block(tree, shared, st, tier, old, &mut delta);
             }
         }
@@ -493,34 +505,23 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
     }
     let shared = ctx.shared;
     {
+        // Only taking bits back, a remove shows readers states between the
+        // worker's before and after: it needs no version change.
         let mut guard = ctx.tree.lock();
-        // Readers retry a worker whose version moved while they looked.
-        let mut changing = Changing::new(st);
+        let tree = &mut *guard;
         let mut marks = Marks::new(Holder { tier, group, bit }, false);
         let mut touched: Vec<u32> = Vec::new();
-        for piece in gone.chunks(PIECE_BLOCKS) {
-            if !touched.is_empty() {
-                // A piece done: readers may look between pieces.
-                marks.flush(&mut guard, shared);
-                drop(changing);
-                parking_lot::MutexGuard::bump(&mut guard);
-                changing = Changing::new(st);
-            }
-            let tree = &mut *guard;
-            for &id in piece {
-                marks.add(tree, shared, id);
-                let run = tree.locate(id).0;
-                if touched.last() != Some(&run) {
-                    touched.push(run);
-                }
+        for &id in &gone {
+            marks.add(tree, shared, id);
+            let run = tree.locate(id).0;
+            if touched.last() != Some(&run) {
+                touched.push(run);
             }
         }
-        let tree = &mut *guard;
         marks.flush(tree, shared);
         touched.sort_unstable();
         touched.dedup();
         trim_all(tree, shared, touched);
-        drop(changing);
     }
     Delta { added: 0, dropped: gone.len() as u64 }.apply(shared, tier);
 }
