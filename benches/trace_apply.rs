@@ -46,7 +46,7 @@ fn main() {
         eprintln!("trace_apply: {e}");
         std::process::exit(1);
     });
-    let builder = Ours::new(&wl, 1);
+    let builder = Ours::new(&wl, 1, args.our_hashes);
     let events: Vec<_> = wl
         .ops
         .iter()

@@ -48,15 +48,16 @@ fn run(args: CommonArgs) -> Result<(), String> {
     drop(requests);
     print_workload(&args.trace, &wl, gen_s);
     println!(
-        "  dup {}, writers {}, readers {}, max lag {} events/worker, {} verify samples",
+        "  dup {}, {} hashes, writers {}, readers {}, max lag {} events/worker, {} verify samples",
         args.dup,
+        args.our_hashes.as_str(),
         args.writers,
         args.driver.readers,
         args.driver.max_lag_events,
         wl.samples.len()
     );
 
-    let make = || Ours::new(&wl, args.writers);
+    let make = || Ours::new(&wl, args.writers, args.our_hashes);
     let mut each = |r: &trace::report::RunRecord| {
         eprintln!(
             "  offered {:>8} -> achieved {:>8} ({:.2}s), p99 {:.1} us, mismatches {}",
@@ -112,6 +113,8 @@ fn run(args: CommonArgs) -> Result<(), String> {
             "dup": args.dup,
             "assign": args.cfg.assign.as_str(),
             "decode_us_per_token": args.cfg.decode_us_per_token,
+            "decode_events": args.cfg.decode_events,
+            "our_hashes": args.our_hashes.as_str(),
             "writers": args.writers,
             "readers": args.driver.readers,
             "max_lag_events": args.driver.max_lag_events,

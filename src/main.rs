@@ -1,5 +1,7 @@
 //! The kv-indexer daemon: command line to `daemon::run`.
 
+mod alloc;
+
 use kv_indexer::config::{parse, Command, USAGE};
 use std::process::ExitCode;
 
@@ -14,13 +16,16 @@ fn main() -> ExitCode {
             println!("kv-indexer {}", kv_indexer::version());
             ExitCode::SUCCESS
         }
-        Ok(Command::Run(cfg)) => match kv_indexer::daemon::run(*cfg) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("kv-indexer: {e}");
-                ExitCode::FAILURE
+        Ok(Command::Run(cfg)) => {
+            alloc::configure();
+            match kv_indexer::daemon::run(*cfg) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("kv-indexer: {e}");
+                    ExitCode::FAILURE
+                }
             }
-        },
+        }
         Err(e) => {
             eprintln!("kv-indexer: {e}");
             ExitCode::from(2)

@@ -4,7 +4,9 @@
 #[path = "../benches/trace/mod.rs"]
 mod trace;
 
+use trace::backend::Backend;
 use trace::engine::MockEngine;
+use trace::hashes::EngineHashes;
 use trace::mooncake::{duplicate, load, TraceRequest};
 use trace::workload::{generate, Assign, OpKind, WorkloadConfig};
 
@@ -79,10 +81,9 @@ fn request(t: u64, ids: &[u64], input: u32, output: u32) -> TraceRequest {
     TraceRequest { timestamp_ms: t, input_tokens: input, output_tokens: output, hash_ids: ids.to_vec() }
 }
 
-/// Replays the generated events in order into the index and checks every
-/// sampled query against the engines' final caches.
-#[test]
-fn generated_events_rebuild_the_engines_caches() {
+/// A small workload whose engines must evict: 60 requests over 3 workers
+/// sharing prefixes, each decoding 40 tokens.
+fn small_workload(decode_events: bool) -> trace::workload::Workload {
     let mut reqs = Vec::new();
     for i in 0..60u64 {
         let ids = [0, 1 + i % 5, 100 + i];
@@ -93,23 +94,21 @@ fn generated_events_rebuild_the_engines_caches() {
         workers: 3,
         gpu_blocks: 200,
         assign: Assign::RoundRobin,
-        decode_us_per_token: 1000,
+        decode_us_per_token: 1100,
+        decode_events,
         seed: 5,
         verify_samples: 60,
     };
-    let wl = generate(&reqs, &cfg).unwrap();
-    assert!(wl.stats.removed_blocks > 0, "the small cache must evict");
-    assert!(wl.stats.output_blocks > 0);
-    assert!(wl.stats.engine_hit_blocks > 0);
-    assert_eq!(wl.stats.requests, 60);
-    assert_eq!(wl.stats.query_blocks, 60 * (1400 / 16));
-    assert!(wl.ops.windows(2).all(|p| p[0].t_us <= p[1].t_us));
+    generate(&reqs, &cfg).unwrap()
+}
 
-    use trace::backend::Backend;
-    let ours = trace::ours::Ours::new(&wl, 2);
+/// Applies every event in order to our index fed `hashes` and checks every
+/// sampled query against the engines' final caches.
+fn check_rebuilds_engines(wl: &trace::workload::Workload, hashes: EngineHashes) {
+    let ours = trace::ours::Ours::new(wl, 2, hashes);
     for (i, op) in wl.ops.iter().enumerate() {
         if op.is_event() {
-            ours.submit(op.worker, ours.build_event(op, &wl, i as u64));
+            ours.submit(op.worker, ours.build_event(op, wl, i as u64));
         }
     }
     ours.drain();
@@ -127,6 +126,50 @@ fn generated_events_rebuild_the_engines_caches() {
 }
 
 #[test]
+fn generated_events_rebuild_the_engines_caches() {
+    let wl = small_workload(false);
+    assert!(wl.stats.removed_blocks > 0, "the small cache must evict");
+    assert!(wl.stats.output_blocks > 0);
+    assert!(wl.stats.engine_hit_blocks > 0);
+    assert_eq!(wl.stats.requests, 60);
+    assert_eq!(wl.stats.query_blocks, 60 * (1400 / 16));
+    assert!(wl.ops.windows(2).all(|p| p[0].t_us <= p[1].t_us));
+    check_rebuilds_engines(&wl, EngineHashes::Engine);
+    check_rebuilds_engines(&wl, EngineHashes::Shared);
+}
+
+#[test]
+fn decode_events_store_output_blocks_one_at_a_time_as_they_complete() {
+    let at_completion = small_workload(false);
+    let wl = small_workload(true);
+    assert!(wl.ops.windows(2).all(|p| p[0].t_us <= p[1].t_us));
+    assert_eq!(wl.stats.requests, at_completion.stats.requests);
+    // Requests arrive every 10 ms and decode 1.1 ms a token; 1400 prompt
+    // tokens end 8 tokens into block 87, so output blocks 87, 88 and 89
+    // complete 8, 24 and 40 tokens in: 8.8, 26.4 and 44 ms after arrival.
+    let offsets_us = [8_800, 26_400, 44_000];
+    let stores: std::collections::HashMap<u64, &trace::workload::Op> = wl
+        .ops
+        .iter()
+        .filter(|o| matches!(o.kind, OpKind::Stored { .. }) && o.t_us % 10_000 != 0)
+        .map(|o| (o.t_us, o))
+        .collect();
+    assert_eq!(stores.len() as u64, wl.stats.output_blocks, "one event per output block");
+    assert!(wl.stats.output_blocks > 60, "most requests store their output");
+    for op in stores.values() {
+        assert_eq!(op.len, 1);
+        let k = offsets_us.iter().position(|d| (op.t_us - d) % 10_000 == 0).expect("at a block's completion");
+        let OpKind::Stored { parent: Some((parent_engine, _)) } = op.kind else { panic!("output has a parent") };
+        if k > 0 {
+            let before = stores[&(op.t_us - offsets_us[k] + offsets_us[k - 1])];
+            assert_eq!(parent_engine, wl.stored[before.start].engine_hash, "continues the block before");
+        }
+    }
+    check_rebuilds_engines(&wl, EngineHashes::Engine);
+    check_rebuilds_engines(&wl, EngineHashes::Shared);
+}
+
+#[test]
 fn every_request_queries_before_its_stores() {
     let reqs = vec![request(0, &[1, 2], 1024, 0), request(5, &[1, 3], 1024, 0)];
     let cfg = WorkloadConfig {
@@ -135,6 +178,7 @@ fn every_request_queries_before_its_stores() {
         gpu_blocks: 1000,
         assign: Assign::RoundRobin,
         decode_us_per_token: 0,
+        decode_events: false,
         seed: 1,
         verify_samples: 0,
     };

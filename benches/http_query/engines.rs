@@ -41,8 +41,18 @@ impl Medium {
 /// One engine event, ready to encode.
 #[derive(Clone, Debug)]
 pub enum WireEvent {
-    Stored { parent: Option<u64>, hashes: Vec<u64>, tokens: Vec<u32>, medium: Medium },
-    Removed { hashes: Vec<u64>, medium: Medium },
+    Stored {
+        parent: Option<u64>,
+        hashes: Vec<u64>,
+        tokens: Vec<u32>,
+        medium: Medium,
+    },
+    Removed {
+        hashes: Vec<u64>,
+        medium: Medium,
+    },
+    /// Every block of the worker is gone (an engine's cache reset).
+    Cleared,
 }
 
 /// One worker's engine: its socket, stream position and what it holds.
@@ -129,6 +139,14 @@ impl Engine {
         self.tips.push(tip);
         self.blocks_stored += new.len() as u64;
         Ok(new.len())
+    }
+
+    /// Drops every block, as an engine whose cache was reset announces it.
+    pub fn clear(&mut self) -> Result<(), String> {
+        self.publish(&[WireEvent::Cleared])?;
+        self.held.clear();
+        self.tips.clear();
+        Ok(())
     }
 }
 
@@ -217,6 +235,11 @@ pub fn encode_batch(events: &[WireEvent], block_size: usize) -> Vec<u8> {
                 }
                 write_str(&mut buf, "medium").unwrap();
                 write_str(&mut buf, medium.name()).unwrap();
+            }
+            WireEvent::Cleared => {
+                write_map_len(&mut buf, 1).unwrap();
+                write_str(&mut buf, "type").unwrap();
+                write_str(&mut buf, "AllBlocksCleared").unwrap();
             }
         }
     }

@@ -67,6 +67,12 @@ impl Daemon {
         Daemon { child, base: format!("http://127.0.0.1:{port}"), log }
     }
 
+    /// The daemon's process id.
+    #[allow(dead_code)] // benches/daemon_rss reads its CPU time; the soak does not
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Resident memory, from /proc.
     pub fn rss_bytes(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();

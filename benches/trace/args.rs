@@ -1,6 +1,7 @@
 //! Command-line options shared by the trace-replay benchmark and the
 //! Dynamo comparison; each binary can accept a few more through `extra`.
 
+use super::hashes::EngineHashes;
 use super::replay::DriverConfig;
 use super::sweep::{parse_rates, Rates};
 use super::workload::{Assign, WorkloadConfig};
@@ -20,6 +21,8 @@ options (defaults in brackets):
   --dup K               copies of the trace's hash space [1]
   --assign HOW          round-robin | first-block | random [round-robin]
   --decode-ms MS        decode time per output token, trace time [20]
+  --decode-events 0|1   store output blocks one per event while decoding, not at completion [0]
+  --our-hashes H        engine | shared: the hashes kv-indexer is fed [engine]
   --rates LIST          block ops/s, e.g. 500K,1M,2M [auto: double from an 8 s window]
   --writers N           sticky writer threads [2]
   --readers N           query threads [2]
@@ -38,6 +41,8 @@ pub struct CommonArgs {
     pub rates: Rates,
     pub driver: DriverConfig,
     pub writers: usize,
+    /// The hashes kv-indexer's events carry.
+    pub our_hashes: EngineHashes,
     pub json: Option<String>,
     pub svg: Option<String>,
     /// Every option as given, to pass on to a child process.
@@ -67,6 +72,7 @@ pub fn parse(
             gpu_blocks: 16384,
             assign: Assign::RoundRobin,
             decode_us_per_token: 20_000,
+            decode_events: false,
             seed: 1,
             verify_samples: 2000,
         },
@@ -74,6 +80,7 @@ pub fn parse(
         rates: Rates::Auto,
         driver: DriverConfig { readers: 2, max_lag_events: 64 },
         writers: 2,
+        our_hashes: EngineHashes::Engine,
         json: None,
         svg: None,
         raw: Vec::new(),
@@ -107,6 +114,17 @@ pub fn parse(
                     .filter(|ms| (0.0..=10_000.0).contains(ms))
                     .ok_or_else(|| format!("--decode-ms wants 0..=10000, got {v:?}"))?;
                 a.cfg.decode_us_per_token = (ms * 1000.0) as u64;
+            }
+            "decode-events" => {
+                a.cfg.decode_events = match v.as_str() {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(format!("--decode-events wants 0 or 1, got {v:?}")),
+                }
+            }
+            "our-hashes" => {
+                a.our_hashes =
+                    EngineHashes::parse(&v).ok_or_else(|| format!("--our-hashes wants engine or shared, got {v:?}"))?
             }
             "rates" => a.rates = Rates::Fixed(parse_rates(&v)?),
             "writers" => a.writers = num(&v, "--writers", THREADS_MAX as u64)? as usize,

@@ -8,6 +8,7 @@
 pub mod args;
 pub mod backend;
 pub mod engine;
+pub mod hashes;
 pub mod mem;
 pub mod mooncake;
 pub mod ours;

@@ -1,5 +1,6 @@
 //! kv-indexer's index as a replay backend: events carry the engines' opaque
-//! hashes, sticky writer threads apply them, readers query inline.
+//! hashes (or hashes shared by all engines, see `hashes`), sticky writer
+//! threads apply them, readers query inline.
 
 use std::sync::Arc;
 
@@ -7,6 +8,7 @@ use kv_indexer::index::{Index, IndexConfig};
 use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};
 
 use super::backend::{Backend, IndexMemory, WriterPool};
+use super::hashes::EngineHashes;
 use super::workload::{Op, OpKind, Workload};
 
 /// The worker id a workload worker number maps to.
@@ -18,11 +20,12 @@ pub fn worker_id(worker: u32) -> WorkerId {
 pub struct Ours {
     index: Arc<Index>,
     pool: WriterPool<Event>,
+    hashes: EngineHashes,
 }
 
 impl Ours {
-    /// A fresh index for `wl`'s block size, with its writer threads.
-    pub fn new(wl: &Workload, writers: usize) -> Self {
+    /// A fresh index for `wl`'s block size, with its writer threads, fed `hashes`.
+    pub fn new(wl: &Workload, writers: usize, hashes: EngineHashes) -> Self {
         let index = Arc::new(Index::new(IndexConfig::new(wl.config.block_size as u32)));
         let apply_index = index.clone();
         let pool = WriterPool::new(writers, wl.config.workers, move |e: &Event| {
@@ -30,7 +33,7 @@ impl Ours {
             // Duplicates are legal (engines may re-store); the rest means lost state.
             (o.unknown_parent + o.unknown_removed + o.depth_exceeded + o.rejected) as u64
         });
-        Self { index, pool }
+        Self { index, pool, hashes }
     }
 }
 
@@ -39,7 +42,10 @@ impl Backend for Ours {
     type Hash = u64;
 
     fn label(&self) -> String {
-        "kv-indexer".into()
+        match self.hashes {
+            EngineHashes::Engine => "kv-indexer".into(),
+            EngineHashes::Shared => "kv-indexer-shared".into(),
+        }
     }
 
     fn build_event(&self, op: &Op, wl: &Workload, _event_id: u64) -> Event {
@@ -49,15 +55,20 @@ impl Backend for Ours {
             OpKind::Stored { parent } => Event::stored(
                 worker,
                 StorageTier::Device,
-                parent.map(|(engine, _)| engine),
+                parent.map(|(engine, seq)| self.hashes.of(engine, seq)),
                 wl.stored[range]
                     .iter()
-                    .map(|b| StoredBlock { engine_hash: b.engine_hash, local_hash: b.local_hash })
+                    .map(|b| StoredBlock {
+                        engine_hash: self.hashes.of(b.engine_hash, b.seq_hash),
+                        local_hash: b.local_hash,
+                    })
                     .collect(),
             ),
-            OpKind::Removed => {
-                Event::removed(worker, StorageTier::Device, wl.removed[range].iter().map(|b| b.engine_hash).collect())
-            }
+            OpKind::Removed => Event::removed(
+                worker,
+                StorageTier::Device,
+                wl.removed[range].iter().map(|b| self.hashes.of(b.engine_hash, b.seq_hash)).collect(),
+            ),
             OpKind::Query => unreachable!("queries are not events"),
         }
     }

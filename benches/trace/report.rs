@@ -81,12 +81,13 @@ pub fn print_workload(trace: &str, wl: &Workload, gen_s: f64) {
     let s = &wl.stats;
     println!("trace {trace}");
     println!(
-        "  block size {}, workers {} ({}), gpu blocks {}/worker, decode {} us/token",
+        "  block size {}, workers {} ({}), gpu blocks {}/worker, decode {} us/token, output blocks stored {}",
         c.block_size,
         c.workers,
         c.assign.as_str(),
         c.gpu_blocks,
-        c.decode_us_per_token
+        c.decode_us_per_token,
+        if c.decode_events { "one per event while decoding" } else { "at completion" }
     );
     println!(
         "  requests {}, query blocks {}, stored blocks {} ({} events, {} from output), removed blocks {} ({} events)",

@@ -8,7 +8,11 @@
 //! engine admits the prompt (Removed for evictions, Stored for new blocks).
 //! The request then decodes for `output_tokens * decode_us_per_token` and at
 //! completion the engine stores the full blocks its output completed and
-//! releases everything. The stream is generated once, in trace time, and
+//! releases everything. With `decode_events` the engine instead stores each
+//! output block as it completes, one block per Stored event whose parent is
+//! the block before, as an engine decoding does (the block's last token is
+//! generated `decode_us_per_token` after the one before it); at completion it
+//! only releases. The stream is generated once, in trace time, and
 //! replayed at any speed; it records for each op the worker and a range in
 //! one of three slabs, so no per-op allocation is kept.
 //!
@@ -19,6 +23,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use kv_indexer::hash::{local_hashes_into, sequence_hashes_into, BASE_SEED};
+use rustc_hash::FxHashMap;
 
 use super::engine::{Admission, MockEngine, RemovedRec, StoredRec};
 use super::mooncake::TraceRequest;
@@ -69,6 +74,8 @@ pub struct WorkloadConfig {
     pub gpu_blocks: usize,
     pub assign: Assign,
     pub decode_us_per_token: u64,
+    /// Store output blocks one per event while decoding, not all at completion.
+    pub decode_events: bool,
     /// Seeds the engines' hash seeds and the random assignment.
     pub seed: u64,
     pub verify_samples: usize,
@@ -161,12 +168,29 @@ impl Workload {
     }
 }
 
+/// Step number of a request's completion in the schedule (after every output block).
+const COMPLETION: u32 = u32::MAX;
+
 struct Running {
     worker: u32,
-    /// Prefix keys of the held prompt blocks.
+    /// Prefix keys of the held blocks: the prompt's, then output blocks stored while decoding.
     held: Vec<u64>,
     out_locals: Vec<u64>,
     out_seqs: Vec<u64>,
+    /// Output blocks before this one were stored while decoding (or dropped).
+    out_next: usize,
+    t_start_us: u64,
+    t_end_us: u64,
+    /// Output tokens that complete the first output block.
+    first_out_tokens: u64,
+}
+
+impl Running {
+    /// Trace time at which output block `j` is complete.
+    fn block_done_us(&self, j: usize, block_size: usize, decode_us_per_token: u64) -> u64 {
+        let tokens = self.first_out_tokens + (j * block_size) as u64;
+        (self.t_start_us + tokens * decode_us_per_token).min(self.t_end_us)
+    }
 }
 
 struct Builder {
@@ -209,10 +233,26 @@ impl Builder {
         st.live_pairs_max = st.live_pairs_max.max(self.live_pairs);
     }
 
+    /// Stores output block `j` of a decoding request, continuing its held blocks.
+    fn decode_block(&mut self, t_us: u64, r: &mut Running, j: usize) {
+        let engine = &mut self.engines[r.worker as usize];
+        let adm = engine.admit(r.held.last().copied(), &r.out_locals[j..=j], &r.out_seqs[j..=j]);
+        if adm.held_blocks == 1 {
+            r.held.push(r.out_seqs[j]);
+            r.out_next = j + 1;
+        } else {
+            // No block to evict: the rest of the output is not cached either.
+            r.out_next = r.out_locals.len();
+        }
+        self.wl.stats.output_blocks += adm.stored.iter().map(|s| s.blocks.len() as u64).sum::<u64>();
+        self.push_admission(t_us, r.worker, &adm);
+    }
+
     fn complete(&mut self, t_us: u64, r: Running) {
         let engine = &mut self.engines[r.worker as usize];
-        let adm = engine.admit(r.held.last().copied(), &r.out_locals, &r.out_seqs);
-        let out_held = &r.out_seqs[..adm.held_blocks];
+        let rest = r.out_next..r.out_locals.len();
+        let adm = engine.admit(r.held.last().copied(), &r.out_locals[rest.clone()], &r.out_seqs[rest.clone()]);
+        let out_held = &r.out_seqs[rest.start..rest.start + adm.held_blocks];
         // Release tail first: output blocks, then the prompt.
         engine.release(out_held);
         engine.release(&r.held);
@@ -220,7 +260,37 @@ impl Builder {
         self.wl.stats.output_blocks += stored_new;
         self.push_admission(t_us, r.worker, &adm);
     }
+
+    /// Runs step `step` (an output block, or `COMPLETION`) of request `key`
+    /// and schedules its next one.
+    fn advance(
+        &mut self,
+        t_us: u64,
+        key: u64,
+        step: u32,
+        running: &mut FxHashMap<u64, Running>,
+        pending: &mut Pending,
+    ) {
+        if step == COMPLETION {
+            let r = running.remove(&key).expect("running request");
+            self.complete(t_us, r);
+            return;
+        }
+        let r = running.get_mut(&key).expect("running request");
+        self.decode_block(t_us, r, step as usize);
+        let (bs, us) = (self.cfg.block_size, self.cfg.decode_us_per_token);
+        let next = if r.out_next < r.out_locals.len() {
+            (r.block_done_us(r.out_next, bs, us), r.out_next as u32)
+        } else {
+            (r.t_end_us, COMPLETION)
+        };
+        pending.push(Reverse((next.0, key, next.1)));
+    }
 }
+
+/// Steps to come, by (trace time, request, step): ties keep arrival order,
+/// and a request's output blocks come before its completion.
+type Pending = BinaryHeap<Reverse<(u64, u64, u32)>>;
 
 fn pick_worker(cfg: &WorkloadConfig, i: usize, req: &TraceRequest) -> u32 {
     let w = cfg.workers as u64;
@@ -263,22 +333,20 @@ pub fn generate(requests: &[TraceRequest], cfg: &WorkloadConfig) -> Result<Workl
     let sample_every = requests.len().div_ceil(samples.max(1));
     let mut sample_ranges = Vec::with_capacity(samples);
 
-    // Running requests by completion time; the sequence number keeps ties in arrival order.
-    let mut done_at: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
-    let mut running: rustc_hash::FxHashMap<u64, Running> = Default::default();
+    let mut pending = Pending::new();
+    let mut running: FxHashMap<u64, Running> = Default::default();
     let (mut tokens, mut locals, mut seqs) = (Vec::new(), Vec::new(), Vec::new());
     let mut first_t = None;
     let mut last_t = 0;
 
     for (i, req) in requests.iter().enumerate() {
         let t_us = req.timestamp_ms.saturating_mul(1000);
-        while let Some(&Reverse((t_end, key))) = done_at.peek() {
-            if t_end > t_us {
+        while let Some(&Reverse((t, key, step))) = pending.peek() {
+            if t > t_us {
                 break;
             }
-            done_at.pop();
-            let r = running.remove(&key).expect("running request");
-            b.complete(t_end, r);
+            pending.pop();
+            b.advance(t, key, step, &mut running, &mut pending);
         }
         first_t.get_or_insert(t_us);
         let worker = pick_worker(cfg, i, req);
@@ -313,14 +381,29 @@ pub fn generate(requests: &[TraceRequest], cfg: &WorkloadConfig) -> Result<Workl
         };
         b.push_admission(t_us, worker, &adm);
         let t_end = t_us + req.output_tokens as u64 * cfg.decode_us_per_token;
-        running.insert(i as u64, Running { worker, held, out_locals, out_seqs });
-        done_at.push(Reverse((t_end, i as u64)));
+        let first_out_tokens = ((prompt_blocks + 1) * bs - req.input_tokens as usize) as u64;
+        let r = Running {
+            worker,
+            held,
+            out_locals,
+            out_seqs,
+            out_next: 0,
+            t_start_us: t_us,
+            t_end_us: t_end,
+            first_out_tokens,
+        };
+        let first = if cfg.decode_events && !r.out_locals.is_empty() {
+            (r.block_done_us(0, bs, cfg.decode_us_per_token), 0)
+        } else {
+            (t_end, COMPLETION)
+        };
+        pending.push(Reverse((first.0, i as u64, first.1)));
+        running.insert(i as u64, r);
         last_t = last_t.max(t_us);
     }
-    while let Some(Reverse((t_end, key))) = done_at.pop() {
-        let r = running.remove(&key).expect("running request");
-        b.complete(t_end, r);
-        last_t = last_t.max(t_end);
+    while let Some(Reverse((t, key, step))) = pending.pop() {
+        b.advance(t, key, step, &mut running, &mut pending);
+        last_t = last_t.max(t);
     }
 
     // The oracle: exact depths from the engines' final caches.

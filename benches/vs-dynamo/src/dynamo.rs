@@ -34,16 +34,13 @@ use dynamo_kv_router::{
 };
 
 use crate::trace::backend::{Backend, IndexMemory};
-use crate::trace::tokens::mix64;
+use crate::trace::hashes::shared_hash;
 use crate::trace::workload::{Op, OpKind, Workload};
 
 /// Events of one worker between two flush markers.
 pub const MARKER_EVERY_EVENTS: u64 = 16;
 /// Jump size of the positional indexer (Dynamo's usual setting).
 pub const POSITIONAL_JUMP: usize = 32;
-
-/// Seed of the engine-independent opaque hashes.
-const SHARED_ENGINE_SEED: u64 = 0x5EED_0FF1_8ED0;
 
 type Marker = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -52,7 +49,8 @@ type Marker = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub enum Hashes {
     /// The engines' opaque hashes.
     Engine,
-    /// Opaque hashes shared by all engines (a fixed-seed hash of the prefix).
+    /// Opaque hashes shared by all engines (`trace::hashes::shared_hash`,
+    /// the same kv-indexer gets with `--our-hashes shared`).
     SharedEngine,
     /// Dynamo-chain sequence hashes.
     Sequence,
@@ -104,7 +102,7 @@ impl<T: SyncIndexer> Dynamo<T> {
     fn hash_of(&self, engine: u64, seq: u64) -> ExternalSequenceBlockHash {
         ExternalSequenceBlockHash(match self.hashes {
             Hashes::Engine => engine,
-            Hashes::SharedEngine => mix64(seq ^ SHARED_ENGINE_SEED),
+            Hashes::SharedEngine => shared_hash(seq),
             Hashes::Sequence => seq,
         })
     }

@@ -1,6 +1,7 @@
-//! Replays one trace workload through kv-indexer, Dynamo's radix tree (with
-//! per-engine and with shared engine hashes) and Dynamo's positional
-//! indexer, with the same thread counts, and prints one table with ratios.
+//! Replays one trace workload through kv-indexer and Dynamo's radix tree
+//! (each with per-engine and with shared engine hashes) and Dynamo's
+//! positional indexer, with the same thread counts, and prints one table
+//! with ratios.
 //!
 //! Every backend runs in a fresh child process (this binary again, with
 //! `--backend NAME`), so RSS figures belong to one index each; with
@@ -22,22 +23,30 @@ use std::process::Command;
 use serde_json::{json, Value};
 
 use trace::args::{parse, CommonArgs, OPTIONS_HELP};
+use trace::hashes::EngineHashes;
+use trace::ours::Ours;
 use trace::report::{print_runs, print_workload, rate, run_json, svg, workload_json};
 use trace::sweep::sweep;
 use trace::workload::generate;
 
 const SAMPLE_TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/sample_trace.jsonl");
-const BACKENDS: [&str; 4] = ["kv-indexer", "dynamo-radix", "dynamo-radix-shared", "dynamo-positional"];
-/// Most repetitions of the three-backend cycle.
+const BACKENDS: [&str; 5] =
+    ["kv-indexer", "kv-indexer-shared", "dynamo-radix", "dynamo-radix-shared", "dynamo-positional"];
+/// Most repetitions of the backend cycle.
 const REPEAT_MAX: usize = 50;
 
 const HELP_HEAD: &str = "\
 vs-dynamo: the trace-replay workload through kv-indexer and Dynamo's indexers
 
+backends: kv-indexer and dynamo-radix are fed each engine's own hashes (vLLM's
+default); kv-indexer-shared and dynamo-radix-shared hashes equal on every engine;
+dynamo-positional Dynamo's sequence hashes. Ratios are against the first backend.
+
 extra options:
+  --backends LIST       which backends, in order [all: kv-indexer,kv-indexer-shared,
+                        dynamo-radix,dynamo-radix-shared,dynamo-positional]
   --repeat N            fresh-process repetitions of each backend [1]
-  --backend NAME        run one backend only (kv-indexer, dynamo-radix, dynamo-radix-shared,
-                        dynamo-positional)
+  --backend NAME        run one backend only (one of the above)
   --child-out PATH      (with --backend) where to write that run's JSON
   --heap 1              (with --backend) count heap bytes (slows the run; for memory only)
   --from PATH           print the table of a saved --json result instead of running
@@ -51,10 +60,17 @@ fn main() {
     let mut repeat = 1usize;
     let mut from = None;
     let mut heap_child = false;
+    let mut backends: Vec<String> = BACKENDS.iter().map(|b| b.to_string()).collect();
     let parsed = parse(SAMPLE_TRACE, &help, &mut |name, v| {
         match name {
             "backend" if BACKENDS.contains(&v) => backend = Some(v.to_string()),
             "backend" => return Err(format!("--backend wants one of {BACKENDS:?}")),
+            "backends" => {
+                backends = v.split(',').map(|b| b.trim().to_string()).collect();
+                if let Some(b) = backends.iter().find(|b| !BACKENDS.contains(&b.as_str())) {
+                    return Err(format!("--backends: unknown backend {b:?}; want some of {BACKENDS:?}"));
+                }
+            }
             "child-out" => child_out = Some(v.to_string()),
             "from" => from = Some(v.to_string()),
             "heap" => heap_child = v == "1",
@@ -75,7 +91,10 @@ fn main() {
     }
     let result = parsed.and_then(|args| match backend {
         Some(b) => child(&b, &args, child_out.as_deref()),
-        None => parent(&args, repeat, from.as_deref()),
+        None if args.raw.iter().any(|a| a == "--our-hashes") => {
+            Err("--our-hashes: choose kv-indexer (engine hashes) or kv-indexer-shared with --backends".into())
+        }
+        None => parent(&args, &backends, repeat, from.as_deref()),
     });
     if let Err(e) = result {
         eprintln!("vs-dynamo: {e}");
@@ -103,7 +122,8 @@ fn child(name: &str, args: &CommonArgs, out: Option<&str>) -> Result<(), String>
     };
     let (w, d, rates) = (args.writers, &args.driver, &args.rates);
     let runs = match name {
-        "kv-indexer" => sweep(&|| trace::ours::Ours::new(&wl, w), &wl, rates, d, &mut each),
+        "kv-indexer" => sweep(&|| Ours::new(&wl, w, EngineHashes::Engine), &wl, rates, d, &mut each),
+        "kv-indexer-shared" => sweep(&|| Ours::new(&wl, w, EngineHashes::Shared), &wl, rates, d, &mut each),
         "dynamo-radix" => sweep(&|| dynamo::radix(&wl, w), &wl, rates, d, &mut each),
         "dynamo-radix-shared" => sweep(&|| dynamo::radix_shared(&wl, w), &wl, rates, d, &mut each),
         _ => sweep(&|| dynamo::positional(&wl, w), &wl, rates, d, &mut each),
@@ -217,7 +237,7 @@ fn comparison_rate(results: &[Value]) -> Option<f64> {
         .or_else(|| highest(&mut common.iter().copied()))
 }
 
-fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), String> {
+fn parent(args: &CommonArgs, backends: &[String], repeat: usize, from: Option<&str>) -> Result<(), String> {
     let per_rep: Vec<Vec<Value>> = match from {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
@@ -228,7 +248,7 @@ fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), St
             let mut per_rep = Vec::new();
             for rep in 0..repeat {
                 let mut results = Vec::new();
-                for name in BACKENDS {
+                for name in backends {
                     eprintln!("== repetition {}/{repeat}: {name}", rep + 1);
                     results.push(spawn(args, name, rep, &[])?);
                 }
@@ -247,7 +267,7 @@ fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), St
         }
         None => {
             let mut heap = Vec::new();
-            for name in BACKENDS {
+            for name in backends {
                 eprintln!("== heap count: {name}");
                 let extra = ["--rates", "1G", "--verify-samples", "100", "--heap", "1"];
                 heap.push(spawn(args, name, usize::MAX, &extra)?);
@@ -256,12 +276,16 @@ fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), St
         }
     };
     let heap_bytes = |i: usize| heap.get(i).and_then(|v| v["runs"][0]["heap_bytes"].as_f64());
-    if per_rep.is_empty() || per_rep.iter().any(|r| r.len() != BACKENDS.len()) {
-        return Err(format!("expected {} backends in every repetition", BACKENDS.len()));
+    let names: Vec<String> = match per_rep.first() {
+        Some(first) => first.iter().map(|v| v["backend"].as_str().unwrap_or("?").to_string()).collect(),
+        None => return Err("no repetition to report".into()),
+    };
+    if per_rep.iter().any(|r| r.len() != names.len()) {
+        return Err(format!("expected {} backends in every repetition", names.len()));
     }
     let repeat = per_rep.len();
     let live_pairs = f(&per_rep[0][0]["workload"], "live_pairs_end");
-    let mut rows: Vec<Vec<Figures>> = (0..BACKENDS.len()).map(|_| Vec::new()).collect();
+    let mut rows: Vec<Vec<Figures>> = (0..names.len()).map(|_| Vec::new()).collect();
     let mut common_rates = Vec::new();
     for results in &per_rep {
         let common = comparison_rate(results);
@@ -292,7 +316,7 @@ fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), St
         common_rates.iter().map(|r| r.map_or("none".into(), rate)).collect::<Vec<_>>().join(", ")
     );
     println!(
-        "\n{:<18} {:>11} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7} {:>10} {:>11} {:>11} {:>9} {:>6}",
+        "\n{:<19} {:>11} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7} {:>10} {:>11} {:>11} {:>9} {:>6}",
         "backend",
         "sat ops/s",
         "ours/x",
@@ -307,9 +331,9 @@ fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), St
         "peak MiB",
         "mism"
     );
-    println!("{:<18} {:>11} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7}", "", "", "", "", "", "", "p50", "p99");
+    println!("{:<19} {:>11} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7}", "", "", "", "", "", "", "p50", "p99");
     let mut summary = Vec::new();
-    for (i, name) in BACKENDS.iter().enumerate() {
+    for (i, name) in names.iter().enumerate() {
         let sat = med(i, &|x| x.saturation);
         let p50 = med_lat(i, &|x| x.p50_us);
         let p99 = med_lat(i, &|x| x.p99_us);
@@ -320,7 +344,7 @@ fn parent(args: &CommonArgs, repeat: usize, from: Option<&str>) -> Result<(), St
         let peak = med(i, &|x| x.rss_peak_mib);
         let mism: u64 = rows[i].iter().map(|x| x.mismatches).sum();
         println!(
-            "{:<18} {:>11} {:>7.2} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>10} {:>11} {:>11.1} {:>9.1} {:>6}",
+            "{:<19} {:>11} {:>7.2} {:>8.1} {:>8.1} {:>8.1} {:>7.2} {:>7.2} {:>10} {:>11} {:>11.1} {:>9.1} {:>6}",
             name,
             rate(sat),
             ours_sat / sat,
