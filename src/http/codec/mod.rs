@@ -12,8 +12,9 @@
 //! and written by hand (`dump`).
 //!
 //! Files: `scan` (JSON grammar), `fast` (token arrays), `problems` (error
-//! classes), `query` and `control` (request bodies), `endpoint` (address
-//! syntax), `response`, `workers`, `dump`, `out` (number and string output).
+//! classes), `query` and `control` (request bodies), `response`, `workers`,
+//! `dump`, `out` (number and string output). Address syntax is checked by
+//! `crate::endpoint`.
 //!
 //! Rules every parser here follows:
 //! - The body must be one well-formed JSON value (RFC 8259, UTF-8, no
