@@ -5,37 +5,17 @@
 
 use super::access_log::AccessLog;
 use super::auth::{AdminToken, CHALLENGE};
-use super::codec::{self, BodyError, DumpEntry};
+use super::codec::{self, BodyError};
 use super::server::{error_body, Handler, Incoming, Reply, Scratch};
+use crate::dump::{self, DumpEntry};
 use crate::hash::{local_hashes_into, seed_for};
 use crate::ingest::ListenerStatus;
 use crate::metrics::{HttpMetrics, Prom};
-use crate::recovery::{PeerAdded, Peers, PEERS_MAX};
+use crate::peers::{PeerAdded, Peers, PEERS_MAX};
+use crate::readiness::Readiness;
 use crate::registry::{RegisterArgs, Registry, RegistryError, TENANT_DEFAULT};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// When the daemon may say it is ready.
-pub struct Readiness {
-    /// Peer recovery finished (or was not asked for).
-    pub recovered: AtomicBool,
-    /// Registered instances needed before ready.
-    pub min_workers: usize,
-}
-
-impl Readiness {
-    /// Ready, or why not.
-    pub fn check(&self, registry: &Registry) -> Result<(), String> {
-        if !self.recovered.load(Ordering::Acquire) {
-            return Err("recovering state from peers".into());
-        }
-        let n = registry.instance_count();
-        if n < self.min_workers {
-            return Err(format!("waiting for workers: {n} of {} registered", self.min_workers));
-        }
-        Ok(())
-    }
-}
 
 /// Everything the endpoints need.
 pub struct Api {
@@ -227,7 +207,7 @@ impl Api {
             })
             .collect();
         s.out.clear();
-        codec::write_dump(&mut s.out, &entries);
+        dump::write_dump(&mut s.out, &entries);
         Reply::json(200)
     }
 
@@ -287,7 +267,7 @@ impl Api {
     fn metrics_text(&self, s: &mut Scratch) -> Reply {
         let mut p = Prom::default();
         self.metrics.render(&mut p);
-        crate::daemon::render_state_metrics(&mut p, &self.registry, &self.readiness);
+        crate::state_metrics::render(&mut p, &self.registry, &self.readiness);
         p.single(
             "kv_indexer_auth_refused_total",
             "counter",

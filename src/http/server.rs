@@ -49,11 +49,14 @@ pub struct HttpLimits {
     pub body_timeout_s: u64,
 }
 
+/// Largest accepted request body by default, in bytes (a 1M-token /query is ~8 MB).
+pub const BODY_LIMIT_BYTES_DEFAULT: usize = 16 << 20;
+
 impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             connections_max: CONNECTIONS_MAX,
-            body_limit_bytes: crate::config::BODY_LIMIT_BYTES_DEFAULT,
+            body_limit_bytes: BODY_LIMIT_BYTES_DEFAULT,
             head_timeout_s: HEAD_TIMEOUT_S_DEFAULT,
             body_timeout_s: BODY_TIMEOUT_S_DEFAULT,
         }
