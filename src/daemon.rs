@@ -19,10 +19,10 @@
 //! ingest stops.
 
 use crate::config::Config;
+use crate::http::metrics::HttpMetrics;
 use crate::http::routes::Api;
 use crate::http::server::HttpServer;
 use crate::ingest::{Ingest, IngestConfig};
-use crate::metrics::HttpMetrics;
 use crate::peers::Peers;
 use crate::readiness::Readiness;
 use crate::recovery;
