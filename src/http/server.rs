@@ -36,6 +36,8 @@ pub const IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const HEAD_TIMEOUT_S_DEFAULT: u64 = 10;
 /// Default seconds a request body may take from the end of its head.
 pub const BODY_TIMEOUT_S_DEFAULT: u64 = 60;
+/// Largest accepted request body by default, in bytes (a 1M-token /query is ~8 MB).
+pub const BODY_LIMIT_BYTES_DEFAULT: usize = 16 << 20;
 
 /// What bounds the HTTP front.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -50,9 +52,6 @@ pub struct HttpLimits {
     pub body_timeout_s: u64,
 }
 
-/// Largest accepted request body by default, in bytes (a 1M-token /query is ~8 MB).
-pub const BODY_LIMIT_BYTES_DEFAULT: usize = 16 << 20;
-
 impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
@@ -63,6 +62,7 @@ impl Default for HttpLimits {
         }
     }
 }
+
 /// After a refusal, what the client still sends is read and dropped for at
 /// most this long and this many bytes before the close, so the close does
 /// not reset the connection before the client has read the refusal.

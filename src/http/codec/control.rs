@@ -239,10 +239,20 @@ mod tests {
             // A type error outranks a bad endpoint.
             (r#"{"instance_id":1,"endpoint":"nope","model_name":5,"block_size":4}"#.into(), "unprocessable"),
             (r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":4"#.into(), "malformed"),
+            // Syntax outranks an earlier type error, so the class never depends on field order.
+            (r#"{"instance_id":"1","endpoint":"tcp://h:1","model_name":"m","block_size":4,}"#.into(), "malformed"),
+            // A derived struct would read an array positionally; a body is an object.
+            (r#"[1,"tcp://h:1","m",4]"#.into(), "unprocessable"),
+            (
+                r#"{"instance_id":1,"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":4}"#.into(),
+                "unprocessable",
+            ),
         ];
         for (body, want) in cases {
             assert_eq!(class(parse_register(body.as_bytes())), want, "{body}");
         }
+        let not_utf8 = b"{\"instance_id\":1,\"endpoint\":\"tcp://h:1\",\"model_name\":\"m\xff\",\"block_size\":4}";
+        assert_eq!(class(parse_register(not_utf8)), "malformed");
         let err = parse_register(br#"{"instance_id":1,"endpoint":"tcp://*:5557","model_name":"m","block_size":4}"#)
             .unwrap_err();
         assert_eq!(err.status(), 400);
