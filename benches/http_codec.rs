@@ -7,7 +7,10 @@
 //!
 //! For scale, each case is also run through a serde_json path shaped like
 //! Dynamo's service: a derived request struct, then the response built as
-//! nested `HashMap`s and serialized.
+//! nested `HashMap`s and serialized; and the parse alone through the
+//! leanest serde parse (`serde_parse_us`: a derived struct borrowing its
+//! strings, tokens into a `Vec<u32>`), the measure of whether the hand
+//! parser of the hot bodies pays.
 //!
 //! For context, `hash_us` is the next step of a `/query`, the local block
 //! hashes of the parsed tokens (not part of the codec).
@@ -124,6 +127,20 @@ struct SerdeResponse {
     instances: HashMap<String, SerdeSummary>,
 }
 
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct SerdeQueryBorrowed<'a> {
+    token_ids: Vec<u32>,
+    #[serde(borrow)]
+    model_name: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    tenant_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    lora_name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    cache_salt: Option<std::borrow::Cow<'a, str>>,
+}
+
 fn serde_path(body: &[u8], m: &Matches) -> Vec<u8> {
     let req: SerdeQuery = serde_json::from_slice(body).unwrap();
     black_box(&req);
@@ -147,7 +164,9 @@ fn serde_path(body: &[u8], m: &Matches) -> Vec<u8> {
 
 fn main() {
     let mut r = Rng(0x9e37_79b9_7f4a_7c15);
-    println!("case                     body_bytes  parse_us  write_us  parse+write_us  serde_path_us  ratio  hash_us");
+    println!(
+        "case                     body_bytes  parse_us  serde_parse_us  write_us  parse+write_us  serde_path_us  ratio  hash_us"
+    );
     for blocks in [800usize, 128] {
         let body = body(blocks, &mut r);
         let m = matches(blocks, &mut r);
@@ -163,6 +182,10 @@ fn main() {
 
         let parse = measure(|| {
             let q = parse_query(black_box(&body), &mut tokens).unwrap();
+            black_box(q);
+        });
+        let serde_parse = measure(|| {
+            let q: SerdeQueryBorrowed = serde_json::from_slice(black_box(&body)).unwrap();
             black_box(q);
         });
         let write = measure(|| {
@@ -188,10 +211,11 @@ fn main() {
             black_box(&locals);
         });
         println!(
-            "{:<24} {:>10}  {:>8.1}  {:>8.1}  {:>14.1}  {:>13.1}  {:>5.1}x  {:>7.1}",
+            "{:<24} {:>10}  {:>8.1}  {:>14.1}  {:>8.1}  {:>14.1}  {:>13.1}  {:>5.1}x  {:>7.1}",
             format!("{blocks} blocks, 64 workers"),
             body.len(),
             parse / 1e3,
+            serde_parse / 1e3,
             write / 1e3,
             both / 1e3,
             serde / 1e3,

@@ -10,8 +10,6 @@ use crate::event::WorkerId;
 use std::fmt;
 use std::path::PathBuf;
 
-/// Largest accepted request body by default, in bytes (a 1M-token /query is ~8 MB).
-pub const BODY_LIMIT_BYTES_DEFAULT: usize = 16 << 20;
 /// Default cap of live (block, worker) pairs over all indexes (see README, "Limits").
 pub const MAX_PAIRS_DEFAULT: u64 = 1 << 27;
 
@@ -208,8 +206,8 @@ pub fn parse_peers(list: &str) -> Result<Vec<String>, CliError> {
         if !out.contains(&url) {
             out.push(url);
         }
-        if out.len() > crate::recovery::PEERS_MAX {
-            return Err(CliError(format!("--peers: at most {} peers", crate::recovery::PEERS_MAX)));
+        if out.len() > crate::peers::PEERS_MAX {
+            return Err(CliError(format!("--peers: at most {} peers", crate::peers::PEERS_MAX)));
         }
     }
     Ok(out)

@@ -19,11 +19,13 @@
 //! ingest stops.
 
 use crate::config::Config;
-use crate::http::routes::{Api, Readiness};
+use crate::http::metrics::HttpMetrics;
+use crate::http::routes::Api;
 use crate::http::server::HttpServer;
 use crate::ingest::{Ingest, IngestConfig};
-use crate::metrics::{HttpMetrics, Prom};
-use crate::recovery::{self, Peers};
+use crate::peers::Peers;
+use crate::readiness::Readiness;
+use crate::recovery;
 use crate::registry::{RegisterArgs, Registry};
 use crate::snapshot::{self, Periodic, SnapshotDir};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -175,114 +177,4 @@ pub fn run(cfg: Config) -> Result<(), String> {
     }
     crate::info!("stopped");
     Ok(())
-}
-
-/// Registry, ingest and index figures for `/metrics`.
-pub fn render_state_metrics(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
-    let indexes = registry.indexes();
-    p.single("dynamo_kvindexer_models", "gauge", "Indexes by (model, tenant).", indexes.len() as f64);
-    p.single("dynamo_kvindexer_workers", "gauge", "Registered worker instances.", registry.instance_count() as f64);
-    let infos = registry.listener_infos();
-    p.family("dynamo_kvindexer_listeners", "gauge", "ZMQ listeners by status.");
-    for status in ["pending", "active", "paused", "failed"] {
-        let n = infos.values().filter(|i| i.status.as_str() == status).count();
-        p.sample("dynamo_kvindexer_listeners", &[("status", status)], n as f64);
-    }
-    p.single(
-        "kv_indexer_ready",
-        "gauge",
-        "1 once recovered and enough workers are registered.",
-        readiness.check(registry).is_ok() as u8 as f64,
-    );
-
-    p.family("kv_indexer_index_blocks", "gauge", "Indexed entries (block, tier, worker group) per index.");
-    for h in &indexes {
-        let s = h.index.stats();
-        p.sample("kv_indexer_index_blocks", &[("model", &h.model_name), ("tenant", &h.tenant_id)], s.entries as f64);
-    }
-    p.family("kv_indexer_index_pairs", "gauge", "Live (block, worker) pairs per index.");
-    for h in &indexes {
-        let s = h.index.stats();
-        p.sample("kv_indexer_index_pairs", &[("model", &h.model_name), ("tenant", &h.tenant_id)], s.pairs as f64);
-    }
-    p.family("kv_indexer_index_bytes", "gauge", "Bytes held by each index's structures.");
-    for h in &indexes {
-        let s = h.index.stats();
-        p.sample("kv_indexer_index_bytes", &[("model", &h.model_name), ("tenant", &h.tenant_id)], s.bytes as f64);
-    }
-
-    let b = &registry.budget;
-    let cap = b.pairs_max().unwrap_or(0) as f64;
-    p.single("kv_indexer_pairs_max", "gauge", "Cap on live (block, worker) pairs (--max-pairs); 0: none.", cap);
-    p.single("kv_indexer_pairs", "gauge", "Live (block, worker) pairs over all indexes.", b.pairs() as f64);
-    p.single(
-        "kv_indexer_entries",
-        "gauge",
-        "Live index entries over all indexes (capped like pairs).",
-        b.entries() as f64,
-    );
-
-    let c = &registry.counters;
-    let r = Ordering::Relaxed;
-    p.family("kv_indexer_events_applied_total", "counter", "Events applied to indexes, by type.");
-    for (t, v) in [("stored", &c.stored_events), ("removed", &c.removed_events), ("cleared", &c.cleared_events)] {
-        p.sample("kv_indexer_events_applied_total", &[("type", t)], v.load(r) as f64);
-    }
-    p.family("kv_indexer_blocks_total", "counter", "Blocks of applied events, by outcome.");
-    for (o, v) in [
-        ("stored", &c.blocks_stored),
-        ("removed", &c.blocks_removed),
-        ("duplicate", &c.blocks_duplicate),
-        ("unknown_parent", &c.blocks_unknown_parent),
-        ("unknown_removed", &c.removes_unknown),
-        ("depth_exceeded", &c.blocks_depth_exceeded),
-        ("rejected", &c.blocks_rejected),
-        ("shed", &c.blocks_shed),
-        ("cleared", &c.pairs_cleared),
-    ] {
-        p.sample("kv_indexer_blocks_total", &[("outcome", o)], v.load(r) as f64);
-    }
-
-    c.dynamo.render(p);
-
-    let ic = registry.ingest().counters();
-    let counters: [(&str, &str, u64); 19] = [
-        ("batches_received", "Well-formed batches received.", ic.batches_received),
-        ("batches_applied", "Batches applied (live and replayed).", ic.batches_applied),
-        // Not `events_applied`: that family counts what the indexes applied, by type.
-        ("events_ingested", "Events handed by the writer shards to indexes.", ic.events_applied),
-        ("malformed_messages", "Messages of the wrong shape, dropped.", ic.malformed_messages),
-        ("undecodable_batches", "Batches whose payload could not be decoded.", ic.undecodable_batches),
-        ("duplicates_dropped", "Batches already seen, dropped.", ic.duplicates_dropped),
-        ("gaps_detected", "Gaps in a publisher's sequence.", ic.gaps_detected),
-        ("replays_started", "Replay requests sent.", ic.replays_started),
-        ("replays_ok", "Replays that filled their gap.", ic.replays_ok),
-        ("replays_partial", "Replays that filled part of their gap.", ic.replays_partial),
-        ("replays_failed", "Replays that delivered nothing.", ic.replays_failed),
-        ("batches_replayed", "Batches recovered by replay.", ic.batches_replayed),
-        ("batches_lost", "Batches lost and not recovered.", ic.batches_lost),
-        ("batches_missed_at_join", "Batches missed before a listener's first.", ic.batches_missed_at_join),
-        ("restarts", "Engine restarts detected (worker cleared).", ic.restarts),
-        ("resyncs", "Workers cleared after an unreplayable gap.", ic.resyncs),
-        ("held_dropped", "Batches dropped from a full hold buffer.", ic.held_dropped),
-        ("dp_rank_limit_dropped", "Batches over the per-listener dp rank limit.", ic.dp_rank_limit_dropped),
-        ("workers_removed", "Workers removed through their shard.", ic.workers_removed),
-    ];
-    for (name, help, v) in counters {
-        p.single(&format!("kv_indexer_{name}_total"), "counter", help, v as f64);
-    }
-    p.family("kv_indexer_events_skipped_total", "counter", "Engine events skipped, by reason.");
-    for (reason, n) in &ic.skips {
-        p.sample("kv_indexer_events_skipped_total", &[("reason", reason)], *n as f64);
-    }
-    p.family("kv_indexer_shard_queue_depth", "gauge", "Messages queued per writer shard.");
-    for (i, d) in ic.shard_queue_depths.iter().enumerate() {
-        p.sample("kv_indexer_shard_queue_depth", &[("shard", &i.to_string())], *d as f64);
-    }
-    p.single(
-        "kv_indexer_held_batches",
-        "gauge",
-        "Batches held by listeners (replay or ready gate).",
-        ic.held_batches as f64,
-    );
 }

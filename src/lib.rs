@@ -5,6 +5,7 @@
 pub mod log;
 pub mod config;
 pub mod daemon;
+pub mod dump;
 pub mod endpoint;
 pub mod event;
 pub mod event_status;
@@ -12,13 +13,17 @@ pub mod hash;
 pub mod http;
 pub mod index;
 pub mod ingest;
+pub mod json;
 pub mod metrics;
 pub mod notify;
+pub mod peers;
 pub mod process_metrics;
+pub mod readiness;
 pub mod recovery;
 pub mod registry;
 pub mod signals;
 pub mod snapshot;
+pub mod state_metrics;
 pub mod unix_socket;
 pub mod wire;
 

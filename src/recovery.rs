@@ -1,4 +1,4 @@
-//! Startup recovery from a peer, and the list of peers.
+//! Startup recovery from a peer.
 //!
 //! With `--peers`, listeners connect first and hold what engines send (the
 //! ready gate is closed); after the slow-joiner window the first peer that
@@ -14,10 +14,9 @@
 //! index refuses a store whose parent the worker does not hold, so stored
 //! chains are applied parent first (`parent_first`).
 
+use crate::dump::{check_dump_bytes, parse_dump_counted, DumpEntry, DumpParse, DUMP_BYTES_MAX};
 use crate::event::{Event, EventKind, WorkerId};
-use crate::http::codec::{check_dump_bytes, parse_dump_counted, DumpEntry, DumpParse, DUMP_BYTES_MAX};
 use crate::registry::Registry;
-use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use std::io::Read;
 use std::time::Duration;
@@ -188,57 +187,6 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
     let keeping = if over_snapshot { "keeping the snapshot's state" } else { "starting empty" };
     crate::warn!("recovery: no peer answered ({} tried); {keeping}", peers.len());
     out
-}
-
-/// Most peers a daemon keeps (from `--peers` and `/register_peer`).
-pub const PEERS_MAX: usize = 256;
-
-/// Peers known to this daemon (for recovery; they do not sync live).
-#[derive(Default)]
-pub struct Peers {
-    list: Mutex<Vec<String>>,
-}
-
-/// What `Peers::add` did.
-#[derive(Debug, PartialEq, Eq)]
-pub enum PeerAdded {
-    Added,
-    AlreadyKnown,
-    /// `PEERS_MAX` peers are known already; nothing changed.
-    Full,
-}
-
-impl Peers {
-    /// The peers from the command line (`config` keeps them within `PEERS_MAX`).
-    pub fn new(mut initial: Vec<String>) -> Peers {
-        initial.truncate(PEERS_MAX);
-        Peers { list: Mutex::new(initial) }
-    }
-
-    /// Adds a peer, unless known or `PEERS_MAX` are.
-    pub fn add(&self, url: String) -> PeerAdded {
-        let mut l = self.list.lock();
-        if l.contains(&url) {
-            return PeerAdded::AlreadyKnown;
-        }
-        if l.len() >= PEERS_MAX {
-            return PeerAdded::Full;
-        }
-        l.push(url);
-        PeerAdded::Added
-    }
-
-    /// Removes a peer; false if unknown.
-    pub fn remove(&self, url: &str) -> bool {
-        let mut l = self.list.lock();
-        let before = l.len();
-        l.retain(|p| p != url);
-        l.len() != before
-    }
-
-    pub fn list(&self) -> Vec<String> {
-        self.list.lock().clone()
-    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! deserialize it, and "we read Dynamo's dump" means we parse what these
 //! types serialize.
 
-use kv_indexer::http::codec::{parse_dump, parse_dump_counted, write_dump, DumpEntry};
+use kv_indexer::dump::{parse_dump, parse_dump_counted, write_dump, DumpEntry};
 use kv_indexer::index::{Index, IndexConfig};
 use kv_indexer::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
 use std::collections::HashMap;

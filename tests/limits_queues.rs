@@ -5,7 +5,7 @@ mod support;
 
 use kv_indexer::index::Budget;
 use kv_indexer::ingest::{Ingest, IngestConfig};
-use kv_indexer::recovery::PEERS_MAX;
+use kv_indexer::peers::PEERS_MAX;
 use kv_indexer::registry::{Registry, RegistryError, INDEXES_MAX, NAME_BYTES_MAX};
 use serde_json::json;
 use std::sync::Arc;

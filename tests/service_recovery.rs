@@ -83,7 +83,7 @@ fn no_reachable_peer_starts_empty_and_says_so() {
 
 #[test]
 fn a_dump_over_the_limit_is_refused_before_it_is_downloaded() {
-    use kv_indexer::http::codec::{check_dump_bytes, DUMP_BYTES_MAX};
+    use kv_indexer::dump::{check_dump_bytes, DUMP_BYTES_MAX};
     use std::io::{Read, Write};
     // Between the old parser limit (2 GiB) and the fetch limit (4 GiB): one limit now.
     for bytes in [(2 << 30) + 1, 3 << 30, DUMP_BYTES_MAX] {

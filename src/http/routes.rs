@@ -5,37 +5,19 @@
 
 use super::access_log::AccessLog;
 use super::auth::{AdminToken, CHALLENGE};
-use super::codec::{self, BodyError, DumpEntry};
+use super::codec::{self, BodyError};
+use super::endpoints::Route;
+use super::metrics::HttpMetrics;
 use super::server::{error_body, Handler, Incoming, Reply, Scratch};
+use crate::dump::{self, DumpEntry};
 use crate::hash::{local_hashes_into, seed_for};
 use crate::ingest::ListenerStatus;
-use crate::metrics::{HttpMetrics, Prom};
-use crate::recovery::{PeerAdded, Peers, PEERS_MAX};
+use crate::metrics::Prom;
+use crate::peers::{PeerAdded, Peers, PEERS_MAX};
+use crate::readiness::Readiness;
 use crate::registry::{RegisterArgs, Registry, RegistryError, TENANT_DEFAULT};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// When the daemon may say it is ready.
-pub struct Readiness {
-    /// Peer recovery finished (or was not asked for).
-    pub recovered: AtomicBool,
-    /// Registered instances needed before ready.
-    pub min_workers: usize,
-}
-
-impl Readiness {
-    /// Ready, or why not.
-    pub fn check(&self, registry: &Registry) -> Result<(), String> {
-        if !self.recovered.load(Ordering::Acquire) {
-            return Err("recovering state from peers".into());
-        }
-        let n = registry.instance_count();
-        if n < self.min_workers {
-            return Err(format!("waiting for workers: {n} of {} registered", self.min_workers));
-        }
-        Ok(())
-    }
-}
 
 /// Everything the endpoints need.
 pub struct Api {
@@ -227,7 +209,7 @@ impl Api {
             })
             .collect();
         s.out.clear();
-        codec::write_dump(&mut s.out, &entries);
+        dump::write_dump(&mut s.out, &entries);
         Reply::json(200)
     }
 
@@ -287,7 +269,7 @@ impl Api {
     fn metrics_text(&self, s: &mut Scratch) -> Reply {
         let mut p = Prom::default();
         self.metrics.render(&mut p);
-        crate::daemon::render_state_metrics(&mut p, &self.registry, &self.readiness);
+        crate::state_metrics::render(&mut p, &self.registry, &self.readiness);
         p.single(
             "kv_indexer_auth_refused_total",
             "counter",
@@ -311,20 +293,17 @@ impl Api {
 
 impl Handler for Api {
     fn handle(&self, req: &Incoming<'_>, s: &mut Scratch) -> Reply {
-        let Incoming { method, path, query, body, authorization } = *req;
-        let want = match path {
-            "/health" | "/metrics" | "/workers" | "/dump" | "/peers" => "GET",
-            "/register" | "/unregister" | "/query" | "/query_by_hash" | "/register_peer" | "/deregister_peer"
-            | "/reopen_logs" => "POST",
-            _ => return fail(&mut s.out, 404, &format!("no endpoint {path}")),
+        let Incoming { route, method, path, query, body, authorization } = *req;
+        let Some(route) = route else {
+            return fail(&mut s.out, 404, &format!("no endpoint {path}"));
         };
-        if method != want {
-            let mut reply = fail(&mut s.out, 405, &format!("{path} takes {want}, not {method}"));
-            reply.allow = Some(want);
+        let spec = route.spec();
+        if method != spec.method {
+            let mut reply = fail(&mut s.out, 405, &format!("{path} takes {}, not {method}", spec.method));
+            reply.allow = Some(spec.method);
             return reply;
         }
-        let mutating = matches!(path, "/register" | "/unregister" | "/register_peer" | "/deregister_peer");
-        if let (true, Some(token)) = (mutating, &self.admin_token) {
+        if let (true, Some(token)) = (spec.mutating, &self.admin_token) {
             if let Err(e) = token.check(authorization) {
                 self.auth_refused.fetch_add(1, Ordering::Relaxed);
                 let mut reply = fail(&mut s.out, 401, e.message());
@@ -332,23 +311,23 @@ impl Handler for Api {
                 return reply;
             }
         }
-        match path {
-            "/health" => self.health(s),
-            "/metrics" => self.metrics_text(s),
-            "/workers" => self.workers(query, s),
-            "/dump" => self.dump(s),
-            "/peers" => {
+        match route {
+            Route::Health => self.health(s),
+            Route::Metrics => self.metrics_text(s),
+            Route::Workers => self.workers(query, s),
+            Route::Dump => self.dump(s),
+            Route::Peers => {
                 s.out.clear();
                 codec::write_peers(&mut s.out, &self.peers.list());
                 Reply::json(200)
             }
-            "/register" => self.register(body, s),
-            "/unregister" => self.unregister(body, s),
-            "/query" => self.query(body, s, false),
-            "/query_by_hash" => self.query(body, s, true),
-            "/register_peer" => self.peer(body, s, true),
-            "/reopen_logs" => self.reopen_logs(s),
-            _ => self.peer(body, s, false),
+            Route::Register => self.register(body, s),
+            Route::Unregister => self.unregister(body, s),
+            Route::Query => self.query(body, s, false),
+            Route::QueryByHash => self.query(body, s, true),
+            Route::RegisterPeer => self.peer(body, s, true),
+            Route::DeregisterPeer => self.peer(body, s, false),
+            Route::ReopenLogs => self.reopen_logs(s),
         }
     }
 }

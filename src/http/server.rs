@@ -14,10 +14,11 @@
 
 use super::access_log::{AccessLog, Record};
 use super::body::read_body;
+use super::endpoints::{self, Route};
+use super::metrics::HttpMetrics;
 use super::request::{fill, read_head_traced, ReadError};
 use super::slots::Slots;
 use super::stream::Stream;
-use crate::metrics::{Endpoint, HttpMetrics};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -35,6 +36,8 @@ pub const IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const HEAD_TIMEOUT_S_DEFAULT: u64 = 10;
 /// Default seconds a request body may take from the end of its head.
 pub const BODY_TIMEOUT_S_DEFAULT: u64 = 60;
+/// Largest accepted request body by default, in bytes (a 1M-token /query is ~8 MB).
+pub const BODY_LIMIT_BYTES_DEFAULT: usize = 16 << 20;
 
 /// What bounds the HTTP front.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -53,12 +56,13 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             connections_max: CONNECTIONS_MAX,
-            body_limit_bytes: crate::config::BODY_LIMIT_BYTES_DEFAULT,
+            body_limit_bytes: BODY_LIMIT_BYTES_DEFAULT,
             head_timeout_s: HEAD_TIMEOUT_S_DEFAULT,
             body_timeout_s: BODY_TIMEOUT_S_DEFAULT,
         }
     }
 }
+
 /// After a refusal, what the client still sends is read and dropped for at
 /// most this long and this many bytes before the close, so the close does
 /// not reset the connection before the client has read the refusal.
@@ -110,6 +114,8 @@ impl Reply {
 
 /// What a handler sees of a request.
 pub struct Incoming<'a> {
+    /// The endpoint table's route of `path`, if it has one.
+    pub route: Option<Route>,
     pub method: &'a str,
     pub path: &'a str,
     /// The query string, without `?`.
@@ -364,7 +370,7 @@ fn serve(s: &Shared, conn: Stream) {
         let wall = s.access_log.as_ref().map(|_| std::time::SystemTime::now());
         scratch.has_model = false;
         let (path, query) = head.target.split_once('?').unwrap_or((head.target.as_str(), ""));
-        let endpoint = Endpoint::of_path(path);
+        let route = endpoints::route_of(path);
         let limit = s.limits.body_limit_bytes;
         if let Err(e) = read_body(&mut reader, &mut writer, &head, limit, started + body_timeout, &mut body, &mut line)
         {
@@ -372,12 +378,18 @@ fn serve(s: &Shared, conn: Stream) {
                 return;
             }
             let status = refuse(&mut writer, &e, &mut scratch, &mut head_buf);
-            s.metrics.record(endpoint, &head.method, status, started.elapsed());
-            log_access(s, wall, &mut head, endpoint, None, status, started);
+            s.metrics.record(route, &head.method, status, started.elapsed());
+            log_access(s, wall, &mut head, route, None, status, started);
             return linger(&writer, &mut reader);
         }
-        let incoming =
-            Incoming { method: &head.method, path, query, body: &body, authorization: head.authorization.as_deref() };
+        let incoming = Incoming {
+            route,
+            method: &head.method,
+            path,
+            query,
+            body: &body,
+            authorization: head.authorization.as_deref(),
+        };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.handler.handle(&incoming, &mut scratch)));
         let reply = match run {
             Ok(r) => r,
@@ -392,8 +404,8 @@ fn serve(s: &Shared, conn: Stream) {
         // A reply to HEAD announces its body's length but sends none.
         let body_out = if head.method == "HEAD" { &[][..] } else { &scratch.out[..] };
         let written = write_reply(&mut writer, &reply, scratch.out.len(), body_out, close, &mut head_buf);
-        s.metrics.record(endpoint, &head.method, reply.status, started.elapsed());
-        log_access(s, wall, &mut head, endpoint, scratch.model(), reply.status, started);
+        s.metrics.record(route, &head.method, reply.status, started.elapsed());
+        log_access(s, wall, &mut head, route, scratch.model(), reply.status, started);
         // Keep one huge reply (a dump) from pinning memory in this thread.
         if scratch.out.capacity() > 1 << 20 {
             scratch.out = Vec::new();
@@ -412,7 +424,7 @@ fn log_access(
     s: &Shared,
     wall: Option<std::time::SystemTime>,
     head: &mut super::request::Head,
-    endpoint: Endpoint,
+    route: Option<Route>,
     model: Option<&str>,
     status: u16,
     started: Instant,
@@ -422,7 +434,8 @@ fn log_access(
         at,
         trace_id: head.trace_id.take(),
         method: std::mem::take(&mut head.method),
-        path: if endpoint == Endpoint::Unknown { "unknown" } else { endpoint.label() },
+        // Dynamo logs an unknown path as "unknown".
+        path: route.map_or("unknown", |r| r.spec().path),
         model: model.map(str::to_string),
         status,
         duration: started.elapsed(),

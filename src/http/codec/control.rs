@@ -1,19 +1,22 @@
 //! Bodies of the control endpoints: `/register`, `/unregister`,
 //! `/register_peer` and `/deregister_peer`.
 //!
-//! Cold paths, but they go through the same strict scanner as queries so
-//! every endpoint has one set of JSON rules (see `codec`). Field names and
-//! optionality follow Dynamo's request structs; values are also checked
-//! for sense here (endpoints, sizes, lengths), so the registry only ever
-//! sees requests it can act on.
+//! Cold paths, so read through serde derive, which refuses a known field
+//! given twice, skips unknown ones and reads `null` as absent. The classes
+//! of `codec`'s rules hold: the whole body is checked for syntax first, so
+//! a type error early never hides malformed JSON later (400), then read
+//! into its type (422), then its values are checked for sense (400:
+//! endpoints, sizes, lengths, two spellings that disagree), so the registry
+//! only ever sees requests it can act on. Field names and optionality
+//! follow Dynamo's request structs.
 
-use super::problems::{finish, tenant, Problems};
-use super::scan::Scan;
+use super::problems::{tenant, Problems};
 use super::{BodyError, CONTROL_BODY_BYTES_MAX};
 use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
 use crate::ingest::BLOCK_SIZE_MAX;
 use crate::registry::NAME_BYTES_MAX;
-use std::borrow::Cow;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::Deserialize;
 
 /// `POST /register`: one (instance, dp_rank) listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,230 +55,117 @@ pub struct PeerRequest {
     pub url: String,
 }
 
-/// A field's reader and its place in the seen-set.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Str,
-    OptStr,
-    U64,
-    OptU32,
-    U32,
+/// `/register` as sent: both spellings of the tenant and of the salt are
+/// fields of their own, so that two that agree are accepted.
+#[derive(Deserialize)]
+struct RegisterBody {
+    instance_id: u64,
+    endpoint: String,
+    model_name: String,
+    block_size: u32,
+    tenant_id: Option<String>,
+    routing_group: Option<String>,
+    dp_rank: Option<u32>,
+    replay_endpoint: Option<String>,
+    additional_salt: Option<String>,
+    additionalsalt: Option<String>,
 }
 
-#[derive(Clone, Copy)]
-struct Field {
-    name: &'static str,
-    kind: Kind,
+#[derive(Deserialize)]
+struct UnregisterBody {
+    instance_id: u64,
+    model_name: String,
+    tenant_id: Option<String>,
+    routing_group: Option<String>,
+    dp_rank: Option<u32>,
 }
 
-/// A field's value as read.
-#[derive(Default)]
-enum Value<'a> {
-    #[default]
-    Absent,
-    Null,
-    Str(Cow<'a, str>),
-    Uint(u64),
+#[derive(Deserialize)]
+struct PeerBody {
+    url: String,
 }
 
-/// Scans an object whose known fields are `fields`; returns their values in
-/// that order. Problems with types and duplicates go to `problems`.
-fn scan_fields<'a, const N: usize>(
-    body: &'a [u8],
-    fields: [Field; N],
-    what: &str,
-    problems: Problems,
-    check: impl FnOnce(&mut [Value<'a>; N], &mut Problems),
-) -> Result<[Value<'a>; N], BodyError> {
-    let mut problems = problems;
+/// Reads a control body into `T`, syntax first (see the module doc);
+/// `what` names the fields expected when the body is not an object.
+fn read<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, BodyError> {
     if body.len() > CONTROL_BODY_BYTES_MAX {
         return Err(BodyError::Invalid(format!(
             "request body is {} bytes; the limit is {CONTROL_BODY_BYTES_MAX}",
             body.len()
         )));
     }
-    let mut values: [Value<'a>; N] = std::array::from_fn(|_| Value::Absent);
-    let mut seen = 0u32;
-    let mut scan = Scan::new(body);
-    let scanned = scan.top_object(|s, key| {
-        let Some(at) = fields.iter().position(|f| f.name == key) else {
-            return s.skip();
-        };
-        let f = fields[at];
-        if !problems.first(&mut seen, 1 << at, f.name) {
-            return s.skip();
-        }
-        let read = match f.kind {
-            Kind::Str => s.read_str()?.map(Value::Str),
-            Kind::OptStr => s.read_opt_str()?.map(|v| v.map_or(Value::Null, Value::Str)),
-            Kind::U64 => s.read_uint(u64::MAX)?.map(Value::Uint),
-            Kind::U32 => s.read_uint(u64::from(u32::MAX))?.map(Value::Uint),
-            Kind::OptU32 => s.read_opt_uint(u64::from(u32::MAX))?.map(|v| v.map_or(Value::Null, Value::Uint)),
-        };
-        match read {
-            Ok(v) => values[at] = v,
-            Err(found) => problems.unprocessable(|| {
-                let expected = match f.kind {
-                    Kind::Str => "a string",
-                    Kind::OptStr => "a string or null",
-                    Kind::U64 => "an integer in 0..=18446744073709551615",
-                    Kind::U32 => "an integer in 0..=4294967295",
-                    Kind::OptU32 => "an integer in 0..=4294967295 or null",
-                };
-                format!("`{}` must be {expected}, found {found}", f.name)
-            }),
-        }
-        Ok(())
-    });
-    for (at, f) in fields.iter().enumerate() {
-        let required = matches!(f.kind, Kind::Str | Kind::U64 | Kind::U32);
-        if required && seen & (1 << at) == 0 {
-            problems.unprocessable(|| format!("missing field `{}`", f.name));
-        }
+    let text = std::str::from_utf8(body).map_err(|e| BodyError::Malformed(format!("the body is not UTF-8: {e}")))?;
+    serde_json::from_str::<IgnoredAny>(text).map_err(|e| BodyError::Malformed(e.to_string()))?;
+    // A derived struct also reads a JSON array, positionally; only objects are bodies.
+    if !text.trim_start().starts_with('{') {
+        return Err(BodyError::Unprocessable(format!("the body must be a JSON object ({what})")));
     }
-    check(&mut values, &mut problems);
-    finish(scanned, problems, what)?;
-    Ok(values)
+    serde_json::from_str(text).map_err(|e| BodyError::Unprocessable(e.to_string()))
 }
 
-fn take_str(v: &mut Value<'_>) -> Option<String> {
-    match std::mem::take(v) {
-        Value::Str(s) => Some(s.into_owned()),
-        _ => None,
-    }
-}
-
-fn take_uint(v: &mut Value<'_>) -> Option<u64> {
-    match std::mem::take(v) {
-        Value::Uint(n) => Some(n),
-        _ => None,
-    }
-}
-
-fn as_str<'v>(v: &'v Value<'_>) -> Option<&'v str> {
-    match v {
-        Value::Str(s) => Some(s),
-        _ => None,
-    }
-}
-
-fn check_len(v: &Value<'_>, name: &str, problems: &mut Problems) {
-    if let Some(s) = as_str(v) {
-        if s.len() > NAME_BYTES_MAX {
-            problems.invalid(|| format!("`{name}` is longer than {NAME_BYTES_MAX} bytes"));
-        }
+/// `Invalid` when `name`'s value is longer than `NAME_BYTES_MAX`.
+fn check_len(value: Option<&str>, name: &str, problems: &mut Problems) {
+    if value.is_some_and(|v| v.len() > NAME_BYTES_MAX) {
+        problems.invalid(|| format!("`{name}` is longer than {NAME_BYTES_MAX} bytes"));
     }
 }
 
 /// Parses a `/register` body. A `block_size` outside 1..=BLOCK_SIZE_MAX, a
 /// bad endpoint or an over-long name is Invalid (400).
 pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, BodyError> {
-    const F: [Field; 9] = [
-        Field { name: "instance_id", kind: Kind::U64 },
-        Field { name: "endpoint", kind: Kind::Str },
-        Field { name: "model_name", kind: Kind::Str },
-        Field { name: "block_size", kind: Kind::U32 },
-        Field { name: "tenant_id", kind: Kind::OptStr },
-        Field { name: "routing_group", kind: Kind::OptStr },
-        Field { name: "dp_rank", kind: Kind::OptU32 },
-        Field { name: "replay_endpoint", kind: Kind::OptStr },
-        Field { name: "additional_salt", kind: Kind::OptStr },
-    ];
-    // `additionalsalt` (Mooncake's spelling) is read as a tenth field below.
-    const G: [Field; 10] =
-        [F[0], F[1], F[2], F[3], F[4], F[5], F[6], F[7], F[8], Field { name: "additionalsalt", kind: Kind::OptStr }];
-    let mut v =
-        scan_fields(body, G, "instance_id, endpoint, model_name, block_size, ...", Problems::default(), |v, p| {
-            if let Some(e) = as_str(&v[1]) {
-                if let Err(m) = validate_zmq_endpoint(e) {
-                    p.invalid(|| m);
-                }
-            }
-            if let Some(e) = as_str(&v[7]) {
-                if let Err(m) = validate_zmq_endpoint(e) {
-                    p.invalid(|| format!("`replay_endpoint`: {m}"));
-                }
-            }
-            if let Value::Uint(n) = v[3] {
-                if n == 0 || n > u64::from(BLOCK_SIZE_MAX) {
-                    p.invalid(|| format!("`block_size` must be in 1..={BLOCK_SIZE_MAX}, got {n}"));
-                }
-            }
-            for (at, name) in [
-                (2, "model_name"),
-                (4, "tenant_id"),
-                (5, "routing_group"),
-                (8, "additional_salt"),
-                (9, "additionalsalt"),
-            ] {
-                check_len(&v[at], name, p);
-            }
-            let salt = match (as_str(&v[8]), as_str(&v[9])) {
-                (Some(a), Some(b)) if a != b => {
-                    p.invalid(|| {
-                        "`additional_salt` and `additionalsalt` name the same field and disagree; send one".to_string()
-                    });
-                    None
-                }
-                (a, b) => a.or(b).map(str::to_owned),
-            };
-            if let Some(s) = salt {
-                v[8] = Value::Str(Cow::Owned(s));
-            }
-            let t = tenant(as_str(&v[4]), as_str(&v[5]), p).map(str::to_owned);
-            v[4] = t.map_or(Value::Absent, |t| Value::Str(Cow::Owned(t)));
-        })?;
-    let bad = || BodyError::Unprocessable("missing field".to_string());
+    let b: RegisterBody = read(body, "instance_id, endpoint, model_name, block_size, ...")?;
+    let mut p = Problems::default();
+    if let Err(m) = validate_zmq_endpoint(&b.endpoint) {
+        p.invalid(|| m);
+    }
+    if let Some(Err(m)) = b.replay_endpoint.as_deref().map(validate_zmq_endpoint) {
+        p.invalid(|| format!("`replay_endpoint`: {m}"));
+    }
+    if b.block_size == 0 || b.block_size > BLOCK_SIZE_MAX {
+        p.invalid(|| format!("`block_size` must be in 1..={BLOCK_SIZE_MAX}, got {}", b.block_size));
+    }
+    check_len(Some(&b.model_name), "model_name", &mut p);
+    check_len(b.tenant_id.as_deref(), "tenant_id", &mut p);
+    check_len(b.routing_group.as_deref(), "routing_group", &mut p);
+    check_len(b.additional_salt.as_deref(), "additional_salt", &mut p);
+    check_len(b.additionalsalt.as_deref(), "additionalsalt", &mut p);
+    let additional_salt = match (b.additional_salt, b.additionalsalt) {
+        (Some(a), Some(c)) if a != c => {
+            p.invalid(|| {
+                "`additional_salt` and `additionalsalt` name the same field and disagree; send one".to_string()
+            });
+            None
+        }
+        (a, c) => a.or(c),
+    };
+    let tenant_id = tenant(b.tenant_id, b.routing_group, &mut p);
+    p.result()?;
     Ok(RegisterRequest {
-        instance_id: take_uint(&mut v[0]).ok_or_else(bad)?,
-        endpoint: take_str(&mut v[1]).ok_or_else(bad)?,
-        model_name: take_str(&mut v[2]).ok_or_else(bad)?,
-        block_size: take_uint(&mut v[3]).and_then(|n| u32::try_from(n).ok()).ok_or_else(bad)?,
-        tenant_id: take_str(&mut v[4]),
-        dp_rank: take_uint(&mut v[6]).and_then(|n| u32::try_from(n).ok()),
-        replay_endpoint: take_str(&mut v[7]),
-        additional_salt: take_str(&mut v[8]),
+        instance_id: b.instance_id,
+        endpoint: b.endpoint,
+        model_name: b.model_name,
+        block_size: b.block_size,
+        tenant_id,
+        dp_rank: b.dp_rank,
+        replay_endpoint: b.replay_endpoint,
+        additional_salt,
     })
 }
 
 /// Parses an `/unregister` body.
 pub fn parse_unregister(body: &[u8]) -> Result<UnregisterRequest, BodyError> {
-    const F: [Field; 5] = [
-        Field { name: "instance_id", kind: Kind::U64 },
-        Field { name: "model_name", kind: Kind::Str },
-        Field { name: "tenant_id", kind: Kind::OptStr },
-        Field { name: "routing_group", kind: Kind::OptStr },
-        Field { name: "dp_rank", kind: Kind::OptU32 },
-    ];
-    let mut v = scan_fields(body, F, "instance_id, model_name, ...", Problems::default(), |v, p| {
-        let t = tenant(as_str(&v[2]), as_str(&v[3]), p).map(str::to_owned);
-        v[2] = t.map_or(Value::Absent, |t| Value::Str(Cow::Owned(t)));
-    })?;
-    let bad = || BodyError::Unprocessable("missing field".to_string());
-    Ok(UnregisterRequest {
-        instance_id: take_uint(&mut v[0]).ok_or_else(bad)?,
-        model_name: take_str(&mut v[1]).ok_or_else(bad)?,
-        tenant_id: take_str(&mut v[2]),
-        dp_rank: take_uint(&mut v[4]).and_then(|n| u32::try_from(n).ok()),
-    })
+    let b: UnregisterBody = read(body, "instance_id, model_name, ...")?;
+    let mut p = Problems::default();
+    let tenant_id = tenant(b.tenant_id, b.routing_group, &mut p);
+    p.result()?;
+    Ok(UnregisterRequest { instance_id: b.instance_id, model_name: b.model_name, tenant_id, dp_rank: b.dp_rank })
 }
 
 /// Parses a `/register_peer` or `/deregister_peer` body; the url must be
 /// `http://host:port` (a trailing `/` is dropped).
 pub fn parse_peer(body: &[u8]) -> Result<PeerRequest, BodyError> {
-    const F: [Field; 1] = [Field { name: "url", kind: Kind::Str }];
-    let mut normalized = None;
-    let mut v = scan_fields(body, F, "url", Problems::default(), |v, p| {
-        if let Some(u) = as_str(&v[0]) {
-            match validate_peer_url(u) {
-                Ok(n) => normalized = Some(n),
-                Err(m) => p.invalid(|| m),
-            }
-        }
-    })?;
-    let url = normalized
-        .or_else(|| take_str(&mut v[0]))
-        .ok_or_else(|| BodyError::Unprocessable("missing field `url`".to_string()))?;
+    let b: PeerBody = read(body, "url")?;
+    let url = validate_peer_url(&b.url).map_err(BodyError::Invalid)?;
     Ok(PeerRequest { url })
 }
 
@@ -349,10 +239,20 @@ mod tests {
             // A type error outranks a bad endpoint.
             (r#"{"instance_id":1,"endpoint":"nope","model_name":5,"block_size":4}"#.into(), "unprocessable"),
             (r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":4"#.into(), "malformed"),
+            // Syntax outranks an earlier type error, so the class never depends on field order.
+            (r#"{"instance_id":"1","endpoint":"tcp://h:1","model_name":"m","block_size":4,}"#.into(), "malformed"),
+            // A derived struct would read an array positionally; a body is an object.
+            (r#"[1,"tcp://h:1","m",4]"#.into(), "unprocessable"),
+            (
+                r#"{"instance_id":1,"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":4}"#.into(),
+                "unprocessable",
+            ),
         ];
         for (body, want) in cases {
             assert_eq!(class(parse_register(body.as_bytes())), want, "{body}");
         }
+        let not_utf8 = b"{\"instance_id\":1,\"endpoint\":\"tcp://h:1\",\"model_name\":\"m\xff\",\"block_size\":4}";
+        assert_eq!(class(parse_register(not_utf8)), "malformed");
         let err = parse_register(br#"{"instance_id":1,"endpoint":"tcp://*:5557","model_name":"m","block_size":4}"#)
             .unwrap_err();
         assert_eq!(err.status(), 400);

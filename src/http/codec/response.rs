@@ -25,9 +25,9 @@
 //!   saturation at u32 as in Dynamo; it cannot be reached with real depths).
 //! - Order: instances and ranks ascending (Dynamo's is hash-map order).
 
-use super::out::{push_str, push_u64, push_u64_key};
 use crate::event::WorkerId;
 use crate::index::Matches;
+use crate::json::out::{push_str, push_u64, push_u64_key};
 use std::cell::RefCell;
 
 /// One worker's depths, in blocks, and whether it came from the matches.

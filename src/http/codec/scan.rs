@@ -289,29 +289,6 @@ impl<'a> Scan<'a> {
         Ok(self.read_str()?.map(Some))
     }
 
-    /// Reads an integer in 0..=max; anything else is skipped and described.
-    pub fn read_uint(&mut self, max: u64) -> SResult<Result<u64, String>> {
-        if !matches!(self.peek(), Some(b'-' | b'0'..=b'9')) {
-            let found = self.found();
-            self.skip()?;
-            return Ok(Err(found.to_string()));
-        }
-        let start = self.i;
-        match self.number()? {
-            Num::Unsigned(v) if v <= max => Ok(Ok(v)),
-            _ => Ok(Err(self.text(start))),
-        }
-    }
-
-    /// Reads an integer in 0..=max or null (None).
-    pub fn read_opt_uint(&mut self, max: u64) -> SResult<Result<Option<u64>, String>> {
-        if self.peek() == Some(b'n') {
-            self.literal(b"null")?;
-            return Ok(Ok(None));
-        }
-        Ok(self.read_uint(max)?.map(Some))
-    }
-
     /// Reads a boolean or null (None); anything else is skipped and described.
     pub fn read_opt_bool(&mut self) -> SResult<Result<Option<bool>, String>> {
         match self.peek() {

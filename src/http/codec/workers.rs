@@ -10,8 +10,8 @@
 //! none; an instance with no listener is left out (Dynamo does the same, it
 //! only happens mid-unregister). Ranks are in ascending order.
 
-use super::out::{push_str, push_u64, push_u64_key};
 use crate::ingest::ListenerStatus;
+use crate::json::out::{push_str, push_u64, push_u64_key};
 
 /// An instance's status from its listeners': failed > pending > active >
 /// paused (Dynamo's precedence). None if there are no listeners.

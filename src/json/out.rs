@@ -12,7 +12,7 @@ const DIGIT_PAIRS: &[u8; 200] = b"\
 
 /// Appends `v` in decimal.
 #[inline]
-pub(super) fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn push_u64(out: &mut Vec<u8>, mut v: u64) {
     // u64::MAX has 20 digits.
     let mut buf = [0u8; 20];
     let mut i = buf.len();
@@ -40,7 +40,7 @@ pub(super) fn push_u64(out: &mut Vec<u8>, mut v: u64) {
 
 /// Appends `v` in decimal between double quotes, as a JSON object key.
 #[inline]
-pub(super) fn push_u64_key(out: &mut Vec<u8>, v: u64) {
+pub(crate) fn push_u64_key(out: &mut Vec<u8>, v: u64) {
     out.push(b'"');
     push_u64(out, v);
     out.extend_from_slice(b"\":");

@@ -37,12 +37,17 @@
 //! through serde, whose recursion limit bounds nesting; the body itself is
 //! bounded by `DUMP_BYTES_MAX`.
 
-use super::out::{push_str, push_u64};
-use super::{BodyError, DUMP_BYTES_MAX};
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
+use crate::json::out::{push_str, push_u64};
+use crate::json::BodyError;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
+
+/// Largest `/dump` document read: recovery refuses a peer's longer dump
+/// before downloading it (by its Content-Length) or once past it, and the
+/// parser refuses one too, so a dump is never fetched whole and then refused.
+pub const DUMP_BYTES_MAX: u64 = 4 << 30;
 
 /// The events of one (model, tenant) index.
 #[derive(Clone, Debug, PartialEq, Eq)]

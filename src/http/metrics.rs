@@ -1,0 +1,116 @@
+//! Request counts, error classes and durations per endpoint (Dynamo's
+//! `dynamo_kvindexer_requests_total` and friends), labelled by the endpoint
+//! table's labels.
+
+use super::endpoints::{label, Route, TABLE};
+use crate::metrics::Prom;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Histogram bucket bounds, in seconds.
+const BUCKETS_S: [f64; 12] = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 1.0, 10.0];
+const METHODS: [&str; 3] = ["GET", "POST", "OTHER"];
+
+#[derive(Default)]
+struct EndpointStats {
+    requests: [AtomicU64; 3],
+    errors_4xx: AtomicU64,
+    errors_5xx: AtomicU64,
+    buckets: [AtomicU64; BUCKETS_S.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+/// Request counts, errors and durations per endpoint.
+#[derive(Default)]
+pub struct HttpMetrics {
+    /// Per route in table order, then one for every unknown path.
+    stats: [EndpointStats; TABLE.len() + 1],
+}
+
+impl HttpMetrics {
+    /// Records one answered request.
+    pub fn record(&self, route: Option<Route>, method: &str, status: u16, elapsed: std::time::Duration) {
+        let s = &self.stats[route.map_or(TABLE.len(), |r| r as usize)];
+        let m = match method {
+            "GET" => 0,
+            "POST" => 1,
+            _ => 2,
+        };
+        s.requests[m].fetch_add(1, Ordering::Relaxed);
+        match status {
+            400..=499 => s.errors_4xx.fetch_add(1, Ordering::Relaxed),
+            500..=599 => s.errors_5xx.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        let secs = elapsed.as_secs_f64();
+        if let Some(i) = BUCKETS_S.iter().position(|&b| secs <= b) {
+            s.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        s.count.fetch_add(1, Ordering::Relaxed);
+        s.sum_ns.fetch_add(elapsed.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    /// Each route's stats with its label, unknown paths last.
+    fn labelled(&self) -> impl Iterator<Item = (&EndpointStats, &'static str)> {
+        let routes = TABLE.iter().map(|s| Some(s.route)).chain([None]);
+        self.stats.iter().zip(routes.map(label))
+    }
+
+    /// Writes the HTTP families.
+    pub fn render(&self, out: &mut Prom) {
+        out.family("dynamo_kvindexer_requests_total", "counter", "HTTP requests by endpoint and method.");
+        for (s, e) in self.labelled() {
+            for (i, m) in METHODS.iter().enumerate() {
+                let n = s.requests[i].load(Ordering::Relaxed);
+                if n > 0 {
+                    out.sample("dynamo_kvindexer_requests_total", &[("endpoint", e), ("method", m)], n as f64);
+                }
+            }
+        }
+        out.family("dynamo_kvindexer_errors_total", "counter", "HTTP error responses by endpoint and status class.");
+        for (s, e) in self.labelled() {
+            for (class, n) in [("4xx", &s.errors_4xx), ("5xx", &s.errors_5xx)] {
+                let n = n.load(Ordering::Relaxed);
+                if n > 0 {
+                    out.sample("dynamo_kvindexer_errors_total", &[("endpoint", e), ("status_class", class)], n as f64);
+                }
+            }
+        }
+        let name = "dynamo_kvindexer_request_duration_seconds";
+        out.family(name, "histogram", "HTTP request duration.");
+        for (s, e) in self.labelled() {
+            let count = s.count.load(Ordering::Relaxed);
+            if count == 0 {
+                continue;
+            }
+            let mut cumulative = 0;
+            for (i, b) in BUCKETS_S.iter().enumerate() {
+                cumulative += s.buckets[i].load(Ordering::Relaxed);
+                let le = format!("{b}");
+                out.sample(&format!("{name}_bucket"), &[("endpoint", e), ("le", &le)], cumulative as f64);
+            }
+            out.sample(&format!("{name}_bucket"), &[("endpoint", e), ("le", "+Inf")], count as f64);
+            out.sample(&format!("{name}_sum"), &[("endpoint", e)], s.sum_ns.load(Ordering::Relaxed) as f64 / 1e9);
+            out.sample(&format!("{name}_count"), &[("endpoint", e)], count as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counts_errors_and_histograms() {
+        let m = HttpMetrics::default();
+        m.record(Some(Route::Query), "POST", 200, std::time::Duration::from_micros(30));
+        m.record(Some(Route::Query), "POST", 404, std::time::Duration::from_millis(3));
+        let mut p = Prom::default();
+        m.render(&mut p);
+        let t = p.text;
+        assert!(t.contains("dynamo_kvindexer_requests_total{endpoint=\"/query\",method=\"POST\"} 2"), "{t}");
+        assert!(t.contains("dynamo_kvindexer_errors_total{endpoint=\"/query\",status_class=\"4xx\"} 1"));
+        assert!(t.contains("dynamo_kvindexer_request_duration_seconds_bucket{endpoint=\"/query\",le=\"0.00005\"} 1"));
+        assert!(t.contains("dynamo_kvindexer_request_duration_seconds_bucket{endpoint=\"/query\",le=\"+Inf\"} 2"));
+    }
+}

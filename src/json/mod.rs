@@ -1,0 +1,44 @@
+//! What the API's request bodies and the `/dump` format share: the classes
+//! a refused JSON body falls in, and the primitives that write JSON
+//! straight into a byte buffer.
+
+pub(crate) mod out;
+
+use std::fmt;
+
+/// Why a request body was refused. Each maps to one HTTP status; the message
+/// goes in `{"error": "..."}`, names the field and says what was expected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BodyError {
+    /// Not well-formed JSON (HTTP 400).
+    Malformed(String),
+    /// Well-formed and well-typed, but a value is not acceptable (HTTP 400).
+    Invalid(String),
+    /// Well-formed JSON with a missing, duplicated or wrongly typed field (HTTP 422).
+    Unprocessable(String),
+}
+
+impl BodyError {
+    /// The HTTP status this error is answered with.
+    pub fn status(&self) -> u16 {
+        match self {
+            BodyError::Malformed(_) | BodyError::Invalid(_) => 400,
+            BodyError::Unprocessable(_) => 422,
+        }
+    }
+
+    /// The text for `{"error": ...}`.
+    pub fn message(&self) -> &str {
+        match self {
+            BodyError::Malformed(m) | BodyError::Invalid(m) | BodyError::Unprocessable(m) => m,
+        }
+    }
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for BodyError {}
