@@ -11,8 +11,9 @@
 //! map (`records`), which Removed events need.
 //!
 //! Concurrency: any number of readers run `find_matches` at once with no
-//! lock; writes are serialized per index by a writer lock and must arrive in
-//! per-worker order (one owner per worker). See `tree` for the shape,
+//! lock; an event holds its worker's own state and the index's tree lock
+//! only while it changes runs and members, and one worker's events must
+//! arrive in order (one owner per worker). See `tree` for the shape,
 //! `writer` for applying events and `query` for the search.
 
 mod blocks;

@@ -176,11 +176,10 @@ fn walk(shared: &Shared, chains: &mut Chains, jump: u32, sweeps: &mut [Sweep], g
     }
 }
 
-/// Attempts before a query waits for the writer instead.
+/// Retries before a query walks under the tree lock instead.
 const RETRIES_MAX: usize = 8;
-/// How long a query waits, in all, for workers in the middle of an event
-/// before it takes the writer lock instead (a last resort: the lock may be
-/// held across a whole batch of events).
+/// How long a query waits, in all, for workers whose version is odd
+/// before it retries without waiting.
 const WAIT_EVEN_MAX_US: u64 = 50_000;
 
 /// Waits until no worker of `masks` is in the middle of an event, or the

@@ -17,8 +17,8 @@ pub(crate) const GROUP_BITS: u32 = 64;
 /// Most workers one index can hold (groups are u16).
 pub(crate) const SLOTS_MAX: u32 = 1 << 16;
 
-/// Per slot of one group, a version that is odd while an event of that
-/// slot's worker is being applied and grows by two per event.
+/// Per slot of one group, a version that is odd while that slot's worker
+/// changes the tree in a way readers must not see half done (see `writer`).
 pub(crate) type Versions = [AtomicU64; GROUP_BITS as usize];
 
 /// Slot -> worker, as seen by readers.

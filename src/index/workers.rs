@@ -4,8 +4,9 @@
 //! Slot `s` is bit `s % 64` of group `s / 64`; a worker gets the lowest free
 //! slot. Events of one worker lock only that worker's state (and the tree,
 //! briefly), so writers of different workers work side by side. A slot's
-//! version is odd while an event of its worker is applied; the table that
-//! readers use to name slots is republished on every change.
+//! version is odd while its worker's event both takes bits back and sets
+//! others, or clears (`Changing`); the table that readers use to name slots
+//! is republished on every change.
 
 use super::records::Records;
 use super::slots::{PublishedSlots, SlotTable, Versions, GROUP_BITS, SLOTS_MAX};
