@@ -555,7 +555,7 @@ impl Registry {
         let book = |now| crate::predict::book(req, &h.index, &registered, &h.predictions, now);
         let now = crate::predict::now_ms();
         let mut booked = book(now);
-        if let Err(RoutedError::Full(_)) = booked {
+        if let Err(RoutedError::Full { .. }) = booked {
             for other in self.indexes() {
                 other.predictions.sweep(now);
             }
@@ -563,7 +563,10 @@ impl Registry {
         }
         booked.map_err(|e| match e {
             RoutedError::NotFound(m) => RegistryError::NotFound(m),
-            RoutedError::Full(m) => RegistryError::Unavailable(m),
+            RoutedError::Full { asked, message } => {
+                self.predict.note_refused(asked);
+                RegistryError::Unavailable(message)
+            }
         })
     }
 

@@ -21,8 +21,8 @@ pub struct Booked {
 pub enum RoutedError {
     /// 404: the instance or rank is not in the index.
     NotFound(String),
-    /// 503: the cap on predicted blocks is reached.
-    Full(String),
+    /// 503: the cap on predicted blocks is reached; `asked` blocks were refused.
+    Full { asked: u64, message: String },
 }
 
 /// Books `req` for its worker in `index`'s `predictions` at `now_ms`.
@@ -59,9 +59,12 @@ pub fn book(
     let held = index.find_matches(locals).workers.iter().find(|m| m.worker == worker).map_or(0, |m| m.device);
     match predictions.book(worker, locals, held as usize, ttl_ms, now_ms) {
         Ok(predicted_blocks) => Ok(Booked { predicted_blocks, ttl_ms }),
-        Err(BookError::Full { asked, live, max }) => Err(RoutedError::Full(format!(
-            "predictions are full: {live} of --predict-max-blocks {max} blocks are live and this booking needs \
-             {asked} more; nothing was booked. Raise --predict-max-blocks or book with a shorter ttl_ms"
-        ))),
+        Err(BookError::Full { asked, live, max }) => Err(RoutedError::Full {
+            asked,
+            message: format!(
+                "predictions are full: {live} of --predict-max-blocks {max} blocks are live and this booking \
+                 needs {asked} more; nothing was booked. Raise --predict-max-blocks or book with a shorter ttl_ms"
+            ),
+        }),
     }
 }

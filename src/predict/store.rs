@@ -82,7 +82,7 @@ pub(super) struct Book {
 /// Why a booking was refused.
 #[derive(Debug, PartialEq, Eq)]
 pub enum BookError {
-    /// The shared cap would be passed.
+    /// The shared cap would be passed (the caller counts the refusal, once).
     Full { asked: u64, live: u64, max: u64 },
 }
 
@@ -150,7 +150,6 @@ impl Predictions {
             }
         }
         if !self.limits.take(k) {
-            self.limits.count(&self.limits.counters.refused, k);
             return Err(BookError::Full { asked: k, live: self.limits.live(), max: self.limits.max_blocks });
         }
         let id = book.next_id;
