@@ -24,6 +24,7 @@ pub struct Predicted {
 
 thread_local! {
     static PREFIXES: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    static DEVICE: RefCell<Vec<(WorkerId, u32)>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Predictions {
@@ -34,18 +35,30 @@ impl Predictions {
         if self.is_empty() || locals.is_empty() {
             return Vec::new();
         }
-        PREFIXES.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut scratch) => self.walk(matches, LazyPrefixes::new(locals, &mut scratch), now_ms),
-            Err(_) => self.walk(matches, LazyPrefixes::new(locals, &mut Vec::new()), now_ms),
+        PREFIXES.with(|p| {
+            DEVICE.with(|d| match (p.try_borrow_mut(), d.try_borrow_mut()) {
+                (Ok(mut p), Ok(mut d)) => self.walk(matches, LazyPrefixes::new(locals, &mut p), &mut d, now_ms),
+                _ => self.walk(matches, LazyPrefixes::new(locals, &mut Vec::new()), &mut Vec::new(), now_ms),
+            })
         })
     }
 
-    fn walk(&self, matches: &Matches, mut q: LazyPrefixes<'_>, now_ms: u64) -> Vec<Predicted> {
+    fn walk(
+        &self,
+        matches: &Matches,
+        mut q: LazyPrefixes<'_>,
+        device: &mut Vec<(WorkerId, u32)>,
+        now_ms: u64,
+    ) -> Vec<Predicted> {
         let n = q.len();
+        // Device depths by worker, for one binary search per booked worker.
+        device.clear();
+        device.extend(matches.workers.iter().filter(|m| m.device > 0).map(|m| (m.worker, m.device)));
+        device.sort_unstable_by_key(|&(w, _)| w);
         let book = self.book.read();
         let mut out = Vec::new();
         for (&worker, wb) in &book.workers {
-            let device = matches.workers.iter().find(|m| m.worker == worker).map_or(0, |m| m.device as usize);
+            let device = device.binary_search_by_key(&worker, |&(w, _)| w).map_or(0, |i| device[i].1 as usize);
             let mut d = device.min(n);
             while d < n {
                 let Some(b) = wb.positions.get(&q.at(d)).and_then(|id| wb.bookings.get(id)) else { break };
