@@ -229,12 +229,11 @@ impl Predictions {
         let mut confirmed = 0u64;
         let mut emptied = 0u64;
         for (id, j) in hits {
-            let b = &wb.bookings[&id];
+            let Some(b) = wb.bookings.get_mut(&id) else { continue };
             if at_root && b.start != j {
                 continue;
             }
             let k = stored[j..].iter().zip(&b.locals).take_while(|(s, &l)| s.local_hash == l).count();
-            let b = wb.bookings.get_mut(&id).expect("a hit names a live booking");
             for p in b.prefixes.drain(..k) {
                 if wb.positions.get(&p) == Some(&id) {
                     wb.positions.remove(&p);
@@ -352,7 +351,7 @@ fn renew_covering(wb: &mut WorkerBook, prefixes: &[u64], from: usize, expires_ms
     let n = prefixes.len();
     let Some(&id) = wb.positions.get(&prefixes[from]) else { return false };
     let WorkerBook { bookings, positions } = wb;
-    let b = bookings.get_mut(&id).expect("a position names a live booking");
+    let Some(b) = bookings.get_mut(&id) else { return false };
     if !(b.start == from && b.end() == n && b.prefixes[n - 1 - b.start] == prefixes[n - 1]) {
         return false;
     }
