@@ -52,6 +52,10 @@ pub struct Config {
     pub pin_threads: bool,
     /// Live (block, worker) pairs all indexes may hold; 0: no cap.
     pub max_pairs: u64,
+    /// Cap on live predicted blocks over all indexes (`/routed`).
+    pub predict_max_blocks: u64,
+    /// Lifetime of a booking that names no `ttl_ms`.
+    pub predict_ttl_ms: u64,
     /// Bearer token the mutating endpoints require, if set.
     pub admin_token: Option<crate::http::auth::AdminToken>,
     /// Where snapshots are written and read at startup; None: no snapshots.
@@ -85,6 +89,8 @@ impl Default for Config {
             log_format: crate::log::Format::Text,
             pin_threads: true,
             max_pairs: MAX_PAIRS_DEFAULT,
+            predict_max_blocks: crate::predict::MAX_BLOCKS_DEFAULT,
+            predict_ttl_ms: crate::predict::TTL_MS_DEFAULT,
             admin_token: None,
             snapshot_dir: None,
             snapshot_interval_s: 60,
@@ -145,8 +151,12 @@ OPTIONS:
   --max-pairs N            cap on live (block, worker) pairs over all indexes; past it new
                            blocks are refused and counted, never guessed (default 134217728;
                            0: no cap)
+  --predict-max-blocks N   cap on live predicted blocks booked through /routed, over all
+                           indexes; a booking past it is refused (default 1048576)
+  --predict-ttl-ms N       lifetime of a /routed booking that names no ttl_ms
+                           (default 2000, at most 60000)
   --admin-token TOKEN      require \"Authorization: Bearer TOKEN\" on /register, /unregister,
-                           /register_peer, /deregister_peer (env KV_INDEXER_ADMIN_TOKEN,
+                           /register_peer, /deregister_peer, /routed (env KV_INDEXER_ADMIN_TOKEN,
                            which keeps it out of the process list)
   --snapshot-dir DIR       write snapshots to DIR/snapshot.bin and restart warm from it
   --snapshot-interval-s N  seconds between snapshots (default 60; 0: only on stop)
@@ -288,6 +298,8 @@ where
             "--log-level",
             "--log-format",
             "--max-pairs",
+            "--predict-max-blocks",
+            "--predict-ttl-ms",
             "--admin-token",
             "--snapshot-dir",
             "--snapshot-interval-s",
@@ -325,6 +337,8 @@ where
             "--slow-joiner-ms" => cfg.slow_joiner_ms = parse_num(&flag, &v, 0, 600_000)?,
             "--peer-timeout-ms" => cfg.peer_timeout_ms = parse_num(&flag, &v, 1, 600_000)?,
             "--max-pairs" => cfg.max_pairs = parse_num(&flag, &v, 0, u64::MAX)?,
+            "--predict-max-blocks" => cfg.predict_max_blocks = parse_num(&flag, &v, 1, 1 << 30)?,
+            "--predict-ttl-ms" => cfg.predict_ttl_ms = parse_num(&flag, &v, 1, crate::predict::TTL_MS_MAX)?,
             "--admin-token" => {
                 let t = crate::http::auth::AdminToken::new(&v).map_err(|e| CliError(format!("--admin-token: {e}")))?;
                 cfg.admin_token = Some(t);
@@ -517,6 +531,12 @@ mod tests {
         let c = run(&[]).unwrap();
         assert_eq!((c.max_pairs, c.admin_token.is_none()), (MAX_PAIRS_DEFAULT, true));
         assert_eq!(run(&["--max-pairs", "0"]).unwrap().max_pairs, 0);
+        let p = run(&["--predict-max-blocks", "64", "--predict-ttl-ms", "60000"]).unwrap();
+        assert_eq!((p.predict_max_blocks, p.predict_ttl_ms), (64, crate::predict::TTL_MS_MAX));
+        assert_eq!((c.predict_max_blocks, c.predict_ttl_ms), (1 << 20, 2_000));
+        for args in [&["--predict-ttl-ms", "0"][..], &["--predict-ttl-ms", "60001"], &["--predict-max-blocks", "0"]] {
+            assert!(run(args).is_err(), "{args:?}");
+        }
         let env = |k: &str| (k == "KV_INDEXER_ADMIN_TOKEN").then(|| "from-env".to_string());
         let Command::Run(c) = parse(Vec::<std::ffi::OsString>::new(), env).unwrap() else { panic!() };
         assert_eq!(c.admin_token, Some(crate::http::auth::AdminToken::new("from-env").unwrap()));

@@ -65,7 +65,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
     };
     let ingest = Arc::new(Ingest::start(ingest_cfg).map_err(|e| e.to_string())?);
     let budget = Arc::new(crate::index::Budget::new(cfg.max_pairs));
-    let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump, budget));
+    let predict = crate::predict::PredictLimits::new(cfg.predict_max_blocks, cfg.predict_ttl_ms);
+    let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump, budget).with_predict(predict));
     let workers: Vec<RegisterArgs> = cfg
         .workers
         .iter()

@@ -17,6 +17,7 @@ pub mod json;
 pub mod metrics;
 pub mod notify;
 pub mod peers;
+pub mod predict;
 pub mod process_metrics;
 pub mod readiness;
 pub mod recovery;

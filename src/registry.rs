@@ -12,6 +12,7 @@
 use crate::event::{Event, EventKind, WorkerId};
 use crate::index::{ApplyOutcome, Budget, Index, IndexConfig};
 use crate::ingest::{EventSink, Ingest, IngestError, ListenerId, ListenerInfo, ListenerSpec};
+use crate::predict::{Booked, PredictLimits, Predictions, RoutedError, RoutedRequest};
 use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
@@ -119,6 +120,8 @@ pub struct IndexHandle {
     pub model_name: String,
     pub tenant_id: String,
     pub index: Index,
+    /// Placements routers booked (`/routed`), beside the index, never in it.
+    pub predictions: Predictions,
     counters: Arc<ApplyCounters>,
     budget: Arc<Budget>,
     shed_log: Arc<ShedLog>,
@@ -127,6 +130,12 @@ pub struct IndexHandle {
 }
 
 impl IndexHandle {
+    /// Drops every block and booking of `worker` and forgets it.
+    pub fn remove_worker(&self, worker: WorkerId) {
+        self.index.remove_worker(worker);
+        self.predictions.drop_worker(worker);
+    }
+
     /// The workers registered to this index, sorted.
     pub fn registered(&self) -> Vec<WorkerId> {
         self.registered.read().clone()
@@ -144,6 +153,9 @@ impl IndexHandle {
     /// Applies an event from outside the ingest pipeline (peer recovery).
     pub fn apply(&self, event: &Event) -> ApplyOutcome {
         let o = self.index.apply(event);
+        if !self.predictions.is_empty() {
+            self.predictions.on_event(event, &o, crate::predict::now_ms());
+        }
         self.counters.add(&event.kind, &o);
         if o.shed > 0 {
             self.shed_log.note(o.shed, &self.budget);
@@ -159,7 +171,11 @@ impl EventSink for IndexHandle {
 
     fn apply_all(&self, events: &[Event]) {
         let mut shed = 0u32;
+        let now_ms = (!self.predictions.is_empty()).then(crate::predict::now_ms);
         self.index.apply_all(events, |e, o| {
+            if let Some(now_ms) = now_ms {
+                self.predictions.on_event(e, o, now_ms);
+            }
             self.counters.add(&e.kind, o);
             shed = shed.saturating_add(o.shed);
         });
@@ -169,7 +185,7 @@ impl EventSink for IndexHandle {
     }
 
     fn remove_worker(&self, worker: WorkerId) {
-        self.index.remove_worker(worker);
+        IndexHandle::remove_worker(self, worker);
     }
 }
 
@@ -236,6 +252,8 @@ pub struct Registry {
     pub counters: Arc<ApplyCounters>,
     /// Pairs and entries all indexes may hold together (`--max-pairs`).
     pub budget: Arc<Budget>,
+    /// Cap, TTLs and counters of every index's predictions.
+    pub predict: Arc<PredictLimits>,
     shed_log: Arc<ShedLog>,
     /// Held while an index may be created.
     creating: Mutex<()>,
@@ -251,9 +269,16 @@ impl Registry {
             jump,
             counters: Default::default(),
             budget,
+            predict: Arc::new(PredictLimits::default()),
             shed_log: Arc::new(ShedLog::new()),
             creating: Mutex::new(()),
         }
+    }
+
+    /// The same registry with predictions under `limits` (before any index exists).
+    pub fn with_predict(mut self, limits: PredictLimits) -> Registry {
+        self.predict = Arc::new(limits);
+        self
     }
 
     pub fn ingest(&self) -> &Arc<Ingest> {
@@ -315,6 +340,7 @@ impl Registry {
                         depth_max: 0,
                         budget: self.budget.clone(),
                     }),
+                    predictions: Predictions::new(self.predict.clone()),
                     counters: self.counters.clone(),
                     budget: self.budget.clone(),
                     shed_log: self.shed_log.clone(),
@@ -461,6 +487,8 @@ impl Registry {
                 continue;
             };
             h.set_registered(r.worker, false);
+            // Its bookings go even if it never stored a block (and so is not held).
+            h.predictions.drop_worker(r.worker);
             let ranks = fed.unwrap_or_else(|e| {
                 // Which ranks it fed is unknown: take every rank of the
                 // instance that no registration still feeds itself.
@@ -485,7 +513,7 @@ impl Registry {
             if let Err(e) = self.ingest.remove_worker(*w, sink) {
                 // The shard did not answer; remove directly rather than leave blocks behind.
                 crate::warn!("removing worker {w} through its shard: {e}; removing it directly");
-                h.index.remove_worker(*w);
+                h.remove_worker(*w);
             }
         }
         let mut emptied: Vec<Arc<IndexHandle>> = Vec::new();
@@ -513,6 +541,33 @@ impl Registry {
             held.len()
         );
         Ok(())
+    }
+
+    /// Books a routed request's blocks as predicted for its worker. At the
+    /// cap, expired bookings of every index are swept and the booking is
+    /// tried once more.
+    pub fn routed(&self, req: &RoutedRequest) -> Result<Booked, RegistryError> {
+        let tenant = req.tenant_id.as_deref().unwrap_or(TENANT_DEFAULT);
+        let Some(h) = self.index(&req.model_name, tenant) else {
+            return Err(RegistryError::NotFound(format!("no indexer for model={} tenant={tenant}", req.model_name)));
+        };
+        let registered = h.registered();
+        let book = |now| crate::predict::book(req, &h.index, &registered, &h.predictions, now);
+        let now = crate::predict::now_ms();
+        let mut booked = book(now);
+        if let Err(RoutedError::Full { .. }) = booked {
+            for other in self.indexes() {
+                other.predictions.sweep(now);
+            }
+            booked = book(now);
+        }
+        booked.map_err(|e| match e {
+            RoutedError::NotFound(m) => RegistryError::NotFound(m),
+            RoutedError::Full { asked, message } => {
+                self.predict.note_refused(asked);
+                RegistryError::Unavailable(message)
+            }
+        })
     }
 
     /// Every registration, sorted by worker.

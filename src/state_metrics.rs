@@ -51,6 +51,8 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
         b.entries() as f64,
     );
 
+    render_predictions(p, registry);
+
     let c = &registry.counters;
     let r = Ordering::Relaxed;
     p.family("kv_indexer_events_applied_total", "counter", "Events applied to indexes, by type.");
@@ -114,4 +116,38 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
         "Batches held by listeners (replay or ready gate).",
         ic.held_batches as f64,
     );
+}
+
+/// Predicted placements (`/routed`): what is due is swept first, so the
+/// live figure counts no expired booking.
+fn render_predictions(p: &mut Prom, registry: &Registry) {
+    let now = crate::predict::now_ms();
+    for h in registry.indexes() {
+        h.predictions.sweep(now);
+    }
+    let l = &registry.predict;
+    p.single(
+        "kv_indexer_predicted_blocks_max",
+        "gauge",
+        "Cap on live predicted blocks over all indexes (--predict-max-blocks).",
+        l.max_blocks as f64,
+    );
+    p.single(
+        "kv_indexer_predicted_blocks_live",
+        "gauge",
+        "Live predicted blocks booked through /routed, over all indexes.",
+        l.live() as f64,
+    );
+    let c = &l.counters;
+    p.family("kv_indexer_predicted_blocks_total", "counter", "Predicted blocks by what became of them.");
+    for (o, v) in [
+        ("made", &c.made),
+        ("renewed", &c.renewed),
+        ("confirmed", &c.confirmed),
+        ("expired", &c.expired),
+        ("dropped", &c.dropped),
+        ("refused", &c.refused),
+    ] {
+        p.sample("kv_indexer_predicted_blocks_total", &[("outcome", o)], v.load(Ordering::Relaxed) as f64);
+    }
 }

@@ -19,6 +19,7 @@ pub enum Route {
     DeregisterPeer,
     Peers,
     ReopenLogs,
+    Routed,
 }
 
 /// What the table says of one endpoint.
@@ -36,7 +37,7 @@ const fn row(route: Route, method: &'static str, path: &'static str, mutating: b
 }
 
 /// Every endpoint, in the order of `Route`'s variants.
-pub const TABLE: [Spec; 12] = [
+pub const TABLE: [Spec; 13] = [
     row(Route::Health, "GET", "/health", false),
     row(Route::Metrics, "GET", "/metrics", false),
     row(Route::Register, "POST", "/register", true),
@@ -49,6 +50,7 @@ pub const TABLE: [Spec; 12] = [
     row(Route::DeregisterPeer, "POST", "/deregister_peer", true),
     row(Route::Peers, "GET", "/peers", false),
     row(Route::ReopenLogs, "POST", "/reopen_logs", false),
+    row(Route::Routed, "POST", "/routed", true),
 ];
 
 /// Metric label of every path not in the table.
@@ -86,7 +88,7 @@ mod tests {
     #[test]
     fn only_the_control_endpoints_need_the_token() {
         let guarded: Vec<&str> = TABLE.iter().filter(|s| s.mutating).map(|s| s.path).collect();
-        assert_eq!(guarded, ["/register", "/unregister", "/register_peer", "/deregister_peer"]);
+        assert_eq!(guarded, ["/register", "/unregister", "/register_peer", "/deregister_peer", "/routed"]);
     }
 
     #[test]

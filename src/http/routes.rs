@@ -112,9 +112,39 @@ impl Api {
         let matches = h.index.find_matches(&s.hashes);
         // Dynamo lists only workers that matched; every registered one on request.
         let registered = if req.include_unmatched { h.registered() } else { Vec::new() };
+        let predicted = if h.predictions.is_empty() {
+            Vec::new()
+        } else {
+            h.predictions.lookup(&matches, &s.hashes, crate::predict::now_ms())
+        };
         s.out.clear();
-        codec::write_query_response(&mut s.out, &matches, &registered, block_size, s.hashes.len());
+        codec::write_query_response_predicted(
+            &mut s.out,
+            &matches,
+            &registered,
+            &predicted,
+            block_size,
+            s.hashes.len(),
+        );
         Reply::json(200)
+    }
+
+    fn routed(&self, body: &[u8], s: &mut Scratch) -> Reply {
+        let req = match crate::predict::parse_routed(body) {
+            Ok(r) => r,
+            Err(e) => return body_error(&mut s.out, e),
+        };
+        s.set_model(&req.model_name);
+        match self.registry.routed(&req) {
+            Ok(b) => {
+                s.out.clear();
+                let body =
+                    serde_json::json!({"status": "ok", "predicted_blocks": b.predicted_blocks, "ttl_ms": b.ttl_ms});
+                s.out.extend_from_slice(body.to_string().as_bytes());
+                Reply::json(200)
+            }
+            Err(e) => registry_error(&mut s.out, e),
+        }
     }
 
     fn register(&self, body: &[u8], s: &mut Scratch) -> Reply {
@@ -328,6 +358,7 @@ impl Handler for Api {
             Route::RegisterPeer => self.peer(body, s, true),
             Route::DeregisterPeer => self.peer(body, s, false),
             Route::ReopenLogs => self.reopen_logs(s),
+            Route::Routed => self.routed(body, s),
         }
     }
 }

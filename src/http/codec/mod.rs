@@ -51,7 +51,7 @@ pub(crate) use crate::json::out::push_str;
 pub use crate::json::BodyError;
 pub use control::{parse_peer, parse_register, parse_unregister, PeerRequest, RegisterRequest, UnregisterRequest};
 pub use query::{parse_query, parse_query_by_hash, QueryRequest};
-pub use response::{write_error, write_query_response, write_status_ok};
+pub use response::{write_error, write_query_response, write_query_response_predicted, write_status_ok};
 pub use workers::{aggregate_status, write_peers, write_workers, WorkerInfo, WorkerListener};
 
 /// Deepest nesting of arrays and objects accepted in a body; the top-level

@@ -24,21 +24,29 @@
 //! - All values are tokens: blocks times `block_size`, as u64 (no
 //!   saturation at u32 as in Dynamo; it cannot be reached with real depths).
 //! - Order: instances and ranks ascending (Dynamo's is hash-map order).
+//! - `predicted` (ours, absent in Dynamo's shape): the deepest prefix any
+//!   rank of the instance holds on its device or is predicted to hold
+//!   (`crate::predict`), written only when it passes `gpu`; an instance
+//!   with only a prediction is listed with zeros elsewhere.
 
 use crate::event::WorkerId;
 use crate::index::Matches;
 use crate::json::out::{push_str, push_u64, push_u64_key};
+use crate::predict::Predicted;
 use std::cell::RefCell;
 
 /// One worker's depths, in blocks, and whether it came from the matches.
 #[derive(Clone, Copy)]
 struct Row {
     worker: WorkerId,
-    /// 0 for a match, 1 for a registered worker added with zeros; sorts matches first.
+    /// 0 for a match, 1 for a registered worker added with zeros, 2 for a
+    /// prediction; sorts matches first.
     padding: u8,
     device: u32,
     host: u32,
     disk: u32,
+    /// Predicted depth (0: none).
+    predicted: u32,
 }
 
 thread_local! {
@@ -57,18 +65,30 @@ pub fn write_query_response(
     block_size: u32,
     query_blocks: usize,
 ) {
+    write_query_response_predicted(out, matches, registered, &[], block_size, query_blocks)
+}
+
+/// `write_query_response` with each instance's `predicted` depth.
+pub fn write_query_response_predicted(
+    out: &mut Vec<u8>,
+    matches: &Matches,
+    registered: &[WorkerId],
+    predicted: &[Predicted],
+    block_size: u32,
+    query_blocks: usize,
+) {
+    let q = (matches, registered, predicted);
     ROWS.with(|rows| match rows.try_borrow_mut() {
-        Ok(mut rows) => write_rows(out, &mut rows, matches, registered, block_size, query_blocks),
+        Ok(mut rows) => write_rows(out, &mut rows, q, block_size, query_blocks),
         // Only reachable by re-entering from within this function.
-        Err(_) => write_rows(out, &mut Vec::new(), matches, registered, block_size, query_blocks),
+        Err(_) => write_rows(out, &mut Vec::new(), q, block_size, query_blocks),
     });
 }
 
 fn write_rows(
     out: &mut Vec<u8>,
     rows: &mut Vec<Row>,
-    matches: &Matches,
-    registered: &[WorkerId],
+    (matches, registered, predicted): (&Matches, &[WorkerId], &[Predicted]),
     block_size: u32,
     query_blocks: usize,
 ) {
@@ -84,13 +104,23 @@ fn write_rows(
             device: m.device.min(cap),
             host: m.host.min(cap),
             disk: m.disk.min(cap),
+            predicted: 0,
         });
     }
     for &worker in registered {
-        rows.push(Row { worker, padding: 1, device: 0, host: 0, disk: 0 });
+        rows.push(Row { worker, padding: 1, device: 0, host: 0, disk: 0, predicted: 0 });
+    }
+    for p in predicted {
+        rows.push(Row { worker: p.worker, padding: 2, device: 0, host: 0, disk: 0, predicted: p.blocks.min(cap) });
     }
     rows.sort_unstable_by_key(|r| (r.worker, r.padding));
-    rows.dedup_by_key(|r| r.worker);
+    rows.dedup_by(|later, kept| {
+        let same = later.worker == kept.worker;
+        if same {
+            kept.predicted = kept.predicted.max(later.predicted);
+        }
+        same
+    });
     let tokens = |blocks: u32| u64::from(blocks) * u64::from(block_size);
 
     out.extend_from_slice(b"{\"scores\":{");
@@ -141,6 +171,11 @@ fn write_rows(
         push_u64(out, tokens(cpu));
         out.extend_from_slice(b",\"disk\":");
         push_u64(out, tokens(disk));
+        let predicted = group.iter().map(|r| r.predicted).max().unwrap_or(0);
+        if predicted > gpu {
+            out.extend_from_slice(b",\"predicted\":");
+            push_u64(out, tokens(predicted));
+        }
         out.push(b'}');
     }
     out.extend_from_slice(b"}}");
@@ -219,6 +254,30 @@ mod tests {
         write_query_response(&mut out, &ms, &[], 1, 1);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with(r#"{"scores":{"3":{"0":1},"20":{"1":1,"3":1},"100":{"0":1}}"#), "{text}");
+    }
+
+    #[test]
+    fn predictions_appear_only_past_gpu_and_list_their_instance() {
+        let mut out = Vec::new();
+        let ms = Matches { workers: vec![m(1, 0, 2, 3, 3), m(1, 1, 1, 1, 1), m(2, 0, 2, 2, 2)] };
+        let p = |i, r, blocks| Predicted { worker: WorkerId::new(i, r), blocks };
+        // Instance 1: rank 1 is predicted 3 blocks, past the instance gpu of 2.
+        // Instance 2: a prediction equal to gpu is not written. Instance 5: only predicted.
+        let predicted = [p(1, 1, 3), p(2, 0, 2), p(5, 2, 4)];
+        write_query_response_predicted(&mut out, &ms, &[], &predicted, 4, 4);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "scores": {"1": {"0": 8, "1": 4}, "2": {"0": 8}},
+                "frequencies": [],
+                "instances": {
+                    "1": {"longest_matched": 12, "gpu": 8, "dp": {"0": 8, "1": 4}, "cpu": 12, "disk": 12, "predicted": 12},
+                    "2": {"longest_matched": 8, "gpu": 8, "dp": {"0": 8}, "cpu": 8, "disk": 8},
+                    "5": {"longest_matched": 0, "gpu": 0, "dp": {"2": 0}, "cpu": 0, "disk": 0, "predicted": 16}
+                }
+            })
+        );
     }
 
     #[test]
