@@ -1,17 +1,18 @@
 //! A worker's blocks in one tier: engine hash to block id.
 //!
 //! This is the index's only per-(block, worker) structure, so it is made to
-//! be small and to cost one or two cache lines per operation: a bucketized
-//! cuckoo table (Fan et al., CoNEXT 2014) whose 64-byte buckets hold five
-//! slots of an 8-byte engine hash and a 4-byte block id. A key lives in one
-//! of its two buckets, so a lookup reads at most two lines, which a batch can
-//! prefetch ahead of use; a remove clears a slot and moves nothing. Tables
-//! run up to 92% full and grow by an eighth at a time (any bucket count:
-//! buckets are picked by multiply-shift, not masks), so a pair costs about
-//! 14 bytes at the steady state. Engine hashes are opaque and may be small
-//! or sequential numbers, so they are mixed before use.
+//! be small and to cost one bucket per operation: a bucketized cuckoo table
+//! (Fan et al., CoNEXT 2014) whose 128-byte buckets hold ten slots of an
+//! 8-byte engine hash and a 4-byte block id, filled from the front, and a
+//! count. A key lives in one of its two buckets, so a lookup reads at most
+//! two buckets, which a batch prefetches ahead of use; an insert goes to the
+//! emptier bucket (read from the counts); a remove moves the bucket's last
+//! slot into the hole. Tables run up to 92% full, grow by half while they
+//! fill (any bucket count: buckets are picked by multiply-shift, not masks)
+//! and are packed to 88% once they settle, so a pair costs about 14 bytes at
+//! the steady state. Engine hashes are opaque and may be small or sequential
+//! numbers, so they are mixed before use.
 
-const EMPTY: u32 = u32::MAX;
 const SLOTS: usize = 10;
 /// Most slots in use, in 1/100ths of all slots, before the table grows.
 const LOAD_MAX_PERCENT: usize = 92;
@@ -27,14 +28,60 @@ const SHRINK_PERCENT: usize = 40;
 /// Displacements one insert may make before the table grows instead.
 const KICKS_MAX: usize = 128;
 
+/// Slots `0..len` are in use. All zeros is an empty bucket.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct Bucket {
     keys: [u64; SLOTS],
     ids: [u32; SLOTS],
+    len: u32,
+    _pad: u32,
 }
 
-const EMPTY_BUCKET: Bucket = Bucket { keys: [0; SLOTS], ids: [EMPTY; SLOTS] };
+const _: () = assert!(std::mem::size_of::<Bucket>() == 128);
+
+impl Bucket {
+    /// Slots holding `key` (at most one), as a bit mask.
+    #[inline]
+    fn matches(&self, key: u64) -> u32 {
+        let mut m = 0u32;
+        for s in 0..SLOTS {
+            m |= ((self.keys[s] == key) as u32) << s;
+        }
+        m & ((1u32 << self.len) - 1)
+    }
+
+    #[inline]
+    fn full(&self) -> bool {
+        self.len as usize == SLOTS
+    }
+
+    #[inline]
+    fn push(&mut self, key: u64, id: u32) {
+        let s = self.len as usize;
+        self.keys[s] = key;
+        self.ids[s] = id;
+        self.len += 1;
+    }
+}
+
+/// `n` empty buckets, from zeroed memory (which fresh pages already are).
+fn empty_buckets(n: usize) -> Vec<Bucket> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let layout = std::alloc::Layout::array::<Bucket>(n).expect("bucket count fits");
+    // SAFETY: the layout is nonzero in size; a zeroed Bucket is a valid,
+    // empty one (plain integers); the Vec takes ownership with the same
+    // layout it will free with.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut Bucket;
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(p, n, n)
+    }
+}
 
 #[inline]
 fn mix(key: u64) -> u64 {
@@ -106,11 +153,9 @@ impl Records {
         }
         let (a, b) = self.homes(key);
         for bi in [a, b] {
-            let bucket = &self.buckets[bi];
-            for s in 0..SLOTS {
-                if bucket.keys[s] == key && bucket.ids[s] != EMPTY {
-                    return Some((bi, s));
-                }
+            let m = self.buckets[bi].matches(key);
+            if m != 0 {
+                return Some((bi, m.trailing_zeros() as usize));
             }
         }
         None
@@ -123,7 +168,6 @@ impl Records {
 
     /// Sets `key` to `id`, returning the previous id.
     pub(crate) fn insert(&mut self, key: u64, id: u32) -> Option<u32> {
-        debug_assert!(id != EMPTY);
         if let Some((b, s)) = self.position(key) {
             return Some(std::mem::replace(&mut self.buckets[b].ids[s], id));
         }
@@ -133,7 +177,7 @@ impl Records {
 
     /// Adds `key`, which the caller knows is absent.
     pub(crate) fn insert_new(&mut self, key: u64, id: u32) {
-        debug_assert!(id != EMPTY && self.position(key).is_none());
+        debug_assert!(self.position(key).is_none());
         if (self.len + 1) * 100 > self.buckets.len() * SLOTS * LOAD_MAX_PERCENT {
             let grown = self.buckets.len() * GROW_PERCENT / 100;
             self.rebuild(grown.max(Self::buckets_for(self.len + 1, 80)));
@@ -159,13 +203,9 @@ impl Records {
     fn place(&mut self, mut key: u64, mut id: u32) -> Option<(u64, u32)> {
         let (a, b) = self.homes(key);
         // The emptier bucket: balanced buckets rarely both fill, so walks stay rare.
-        let free = |bi: usize| self.buckets[bi].ids.iter().filter(|&&x| x == EMPTY).count();
-        let (fa, fb) = (free(a), free(b));
-        if fa + fb > 0 {
-            let bi = if fa >= fb { a } else { b };
-            let s = self.buckets[bi].ids.iter().position(|&x| x == EMPTY).expect("counted free");
-            self.buckets[bi].keys[s] = key;
-            self.buckets[bi].ids[s] = id;
+        let bi = if self.buckets[a].len <= self.buckets[b].len { a } else { b };
+        if !self.buckets[bi].full() {
+            self.buckets[bi].push(key, id);
             return None;
         }
         let mut bi = a;
@@ -178,9 +218,8 @@ impl Records {
             std::mem::swap(&mut id, &mut self.buckets[bi].ids[s]);
             let (x, y) = self.homes(key);
             bi = if x == bi { y } else { x };
-            if let Some(s) = self.buckets[bi].ids.iter().position(|&x| x == EMPTY) {
-                self.buckets[bi].keys[s] = key;
-                self.buckets[bi].ids[s] = id;
+            if !self.buckets[bi].full() {
+                self.buckets[bi].push(key, id);
                 return None;
             }
         }
@@ -190,7 +229,12 @@ impl Records {
     /// Removes `key`, returning its id.
     pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
         let (b, s) = self.position(key)?;
-        let id = std::mem::replace(&mut self.buckets[b].ids[s], EMPTY);
+        let bucket = &mut self.buckets[b];
+        let id = bucket.ids[s];
+        let last = bucket.len as usize - 1;
+        bucket.keys[s] = bucket.keys[last];
+        bucket.ids[s] = bucket.ids[last];
+        bucket.len -= 1;
         self.len -= 1;
         if self.len == 0 {
             *self = Records { rng: self.rng, ..Records::default() };
@@ -225,11 +269,11 @@ impl Records {
         self.churn = 0;
         self.peak = self.len;
         loop {
-            let old = std::mem::replace(&mut self.buckets, vec![EMPTY_BUCKET; buckets]);
+            let old = std::mem::replace(&mut self.buckets, empty_buckets(buckets));
             let mut ok = true;
             'all: for b in &old {
-                for s in 0..SLOTS {
-                    if b.ids[s] != EMPTY && self.place(b.keys[s], b.ids[s]).is_some() {
+                for s in 0..b.len as usize {
+                    if self.place(b.keys[s], b.ids[s]).is_some() {
                         ok = false;
                         break 'all;
                     }
@@ -246,7 +290,7 @@ impl Records {
 
     /// Every (engine hash, block id).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.buckets.iter().flat_map(|b| (0..SLOTS).filter(|&s| b.ids[s] != EMPTY).map(move |s| (b.keys[s], b.ids[s])))
+        self.buckets.iter().flat_map(|b| (0..b.len as usize).map(move |s| (b.keys[s], b.ids[s])))
     }
 
     /// Empties the table, returning its contents.
