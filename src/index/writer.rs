@@ -30,7 +30,7 @@ use std::sync::atomic::Ordering;
 
 const DEVICE: usize = StorageTier::Device as usize;
 /// How many records ahead a batch asks the cache for.
-const PREFETCH_AHEAD: usize = 16;
+const PREFETCH_AHEAD: usize = 32;
 /// Pairs taken from the shared budget at a time while following existing blocks.
 const PAIR_CREDIT: u64 = 64;
 /// Blocks a store changes in the tree, while readers must wait for its
