@@ -116,22 +116,53 @@ impl Drop for Credit<'_> {
     }
 }
 
+/// Engine hashes of the event being stored, seen so far: an open-addressing
+/// set reused across events, whose slots from earlier events are told apart
+/// by their stamp, so nothing is cleared between events.
+struct Seen {
+    slots: Vec<(u64, u32)>,
+    stamp: u32,
+}
+
+thread_local! {
+    static SEEN: std::cell::RefCell<Seen> = const { std::cell::RefCell::new(Seen { slots: Vec::new(), stamp: 0 }) };
+}
+
 /// The first index at which an engine hash repeats one before it (len if none).
 fn first_repeat(blocks: &[StoredBlock]) -> usize {
     if blocks.len() < 2 {
         return blocks.len();
     }
-    // A bit filter first; a hit is checked exactly against the blocks before.
-    let bits = (blocks.len() * 64).next_power_of_two();
-    let mut filter = vec![0u64; bits / 64];
-    for (k, b) in blocks.iter().enumerate() {
-        let h = (b.engine_hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (bits - 1);
-        if filter[h / 64] & (1 << (h % 64)) != 0 && blocks[..k].iter().any(|x| x.engine_hash == b.engine_hash) {
-            return k;
+    SEEN.with(|seen| {
+        let seen = &mut *seen.borrow_mut();
+        let cap = (blocks.len() * 2).next_power_of_two();
+        if seen.slots.len() < cap {
+            seen.slots = vec![(0, 0); cap];
+            seen.stamp = 0;
         }
-        filter[h / 64] |= 1 << (h % 64);
-    }
-    blocks.len()
+        seen.stamp = seen.stamp.wrapping_add(1);
+        if seen.stamp == 0 {
+            seen.slots.fill((0, 0));
+            seen.stamp = 1;
+        }
+        let (stamp, mask, shift) = (seen.stamp, cap - 1, 64 - cap.trailing_zeros());
+        for (k, b) in blocks.iter().enumerate() {
+            let h = b.engine_hash;
+            let mut i = (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize;
+            loop {
+                let slot = &mut seen.slots[i];
+                if slot.1 != stamp {
+                    *slot = (h, stamp);
+                    break;
+                }
+                if slot.0 == h {
+                    return k;
+                }
+                i = (i + 1) & mask;
+            }
+        }
+        blocks.len()
+    })
 }
 
 /// The block a stored block's parent names for this worker: the same tier
@@ -596,4 +627,32 @@ pub(crate) fn check_worker(tree: &Tree, shared: &Shared, st: &WorkerState) -> u6
         pairs += named.len() as u64;
     }
     pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocks(hashes: &[u64]) -> Vec<StoredBlock> {
+        hashes.iter().map(|&h| StoredBlock { engine_hash: h, local_hash: h ^ 1 }).collect()
+    }
+
+    #[test]
+    fn first_repeat_finds_the_first_hash_named_twice() {
+        assert_eq!(first_repeat(&blocks(&[])), 0);
+        assert_eq!(first_repeat(&blocks(&[7])), 1);
+        assert_eq!(first_repeat(&blocks(&[1, 2, 3, 4])), 4);
+        assert_eq!(first_repeat(&blocks(&[1, 2, 1, 2])), 2);
+        assert_eq!(first_repeat(&blocks(&[5, 5])), 1);
+        // Slots left by earlier events never count: the same hashes again,
+        // many times, with tables of several sizes.
+        let long: Vec<u64> = (0..1000u64).map(|i| i.wrapping_mul(0x1234_5678_9ABC_DEF1)).collect();
+        for round in 0..300 {
+            let n = 2 + round % 997;
+            assert_eq!(first_repeat(&blocks(&long[..n])), n);
+            let mut again = long[..n].to_vec();
+            again.push(long[round % n]);
+            assert_eq!(first_repeat(&blocks(&again)), n);
+        }
+    }
 }
