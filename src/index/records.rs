@@ -95,6 +95,16 @@ fn reduce(h: u64, n: usize) -> usize {
     ((h as u128 * n as u128) >> 64) as usize
 }
 
+/// Where a key was put: valid until the table next moves keys.
+#[derive(Clone, Copy)]
+pub(crate) struct Spot {
+    bucket: u32,
+    slot: u32,
+}
+
+/// The id a claimed key names until its store sets it.
+const NIL: u32 = u32::MAX;
+
 /// Engine hash -> block id, for one worker and tier.
 #[derive(Default)]
 pub(crate) struct Records {
@@ -167,16 +177,17 @@ impl Records {
     }
 
     /// Sets `key` to `id`, returning the previous id.
+    #[cfg(test)]
     pub(crate) fn insert(&mut self, key: u64, id: u32) -> Option<u32> {
         if let Some((b, s)) = self.position(key) {
             return Some(std::mem::replace(&mut self.buckets[b].ids[s], id));
         }
-        self.insert_new(key, id);
+        self.insert_new_at(key, id);
         None
     }
 
-    /// Adds `key`, which the caller knows is absent.
-    pub(crate) fn insert_new(&mut self, key: u64, id: u32) {
+    /// Adds `key`, which the caller knows is absent; returns where it went.
+    fn insert_new_at(&mut self, key: u64, id: u32) -> Spot {
         debug_assert!(self.position(key).is_none());
         if (self.len + 1) * 100 > self.buckets.len() * SLOTS * LOAD_MAX_PERCENT {
             let grown = self.buckets.len() * GROW_PERCENT / 100;
@@ -184,19 +195,58 @@ impl Records {
         } else {
             self.settle();
         }
-        let (mut key, mut id) = (key, id);
-        loop {
-            match self.place(key, id) {
-                None => break,
-                Some((k, i)) => {
-                    // The walk gave up: more room, then place the one left over.
-                    self.rebuild(self.buckets.len() + self.buckets.len() / 16 + 1);
-                    (key, id) = (k, i);
-                }
-            }
-        }
         self.len += 1;
         self.peak = self.peak.max(self.len);
+        let (a, b) = self.homes(key);
+        // The emptier bucket: balanced buckets rarely both fill, so walks stay rare.
+        let bi = if self.buckets[a].len <= self.buckets[b].len { a } else { b };
+        if !self.buckets[bi].full() {
+            self.buckets[bi].push(key, id);
+            return Spot { bucket: bi as u32, slot: self.buckets[bi].len - 1 };
+        }
+        let (mut key_left, mut id_left) = (key, id);
+        while let Some((k, i)) = self.place(key_left, id_left) {
+            // The walk gave up: more room, then place the one left over.
+            self.rebuild(self.buckets.len() + self.buckets.len() / 16 + 1);
+            (key_left, id_left) = (k, i);
+        }
+        let (b, s) = self.position(key).expect("just placed");
+        Spot { bucket: b as u32, slot: s as u32 }
+    }
+
+    /// Before a store changes the tree: the id `key` names now, if any;
+    /// else it is added naming `NIL` for now. Either way, where it is, for
+    /// `set` once the store knows its block.
+    pub(crate) fn claim(&mut self, key: u64) -> (Option<u32>, Spot) {
+        if let Some((b, s)) = self.position(key) {
+            return (Some(self.buckets[b].ids[s]), Spot { bucket: b as u32, slot: s as u32 });
+        }
+        (None, self.insert_new_at(key, NIL))
+    }
+
+    /// Sets `key`, which is in the table, to `id`; `spot` is where `claim`
+    /// found it, unless later inserts moved it.
+    #[inline]
+    pub(crate) fn set(&mut self, key: u64, spot: Spot, id: u32) {
+        let (b, s) = (spot.bucket as usize, spot.slot as usize);
+        if let Some(bucket) = self.buckets.get_mut(b) {
+            if s < bucket.len as usize && bucket.keys[s] == key {
+                bucket.ids[s] = id;
+                return;
+            }
+        }
+        let (b, s) = self.position(key).expect("a claimed key stays");
+        self.buckets[b].ids[s] = id;
+    }
+
+    /// Asks the cache for a `set` at `spot`.
+    #[inline]
+    pub(crate) fn prefetch_spot(&self, spot: Spot) {
+        if let Some(bucket) = self.buckets.get(spot.bucket as usize) {
+            let p = bucket as *const Bucket as *const u8;
+            prefetch(p);
+            prefetch(p.wrapping_add(64));
+        }
     }
 
     /// Places a key known to be absent; on failure returns the key left homeless.
@@ -342,6 +392,27 @@ mod tests {
         expected.sort();
         assert_eq!(all, expected);
         assert_eq!(r.bytes(), 0);
+    }
+
+    #[test]
+    fn claimed_keys_get_their_ids_even_after_the_table_moved_them() {
+        let mut r = Records::default();
+        let key = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7;
+        // Claimed in one batch, set after: the table grows (and moves every
+        // key) many times in between.
+        let claims: Vec<_> = (0..20_000u64).map(|k| r.claim(key(k))).collect();
+        assert!(claims.iter().all(|(old, _)| old.is_none()));
+        for (k, (_, spot)) in claims.iter().enumerate() {
+            r.set(key(k as u64), *spot, k as u32 + 1);
+        }
+        for k in 0..20_000u64 {
+            assert_eq!(r.get(key(k)), Some(k as u32 + 1));
+        }
+        // A claim of a key present says what it names and adds nothing.
+        let (old, spot) = r.claim(key(5));
+        assert_eq!(old, Some(6));
+        r.set(key(5), spot, 99);
+        assert_eq!((r.get(key(5)), r.len()), (Some(99), 20_000));
     }
 
     #[test]

@@ -20,6 +20,7 @@
 
 use super::blocks::NIL;
 use super::chain;
+use super::records::Spot;
 use super::tree::{Holder, Shared, Tree};
 use super::workers::{Changing, WorkerState};
 use super::ApplyOutcome;
@@ -288,17 +289,22 @@ fn store_part(
             }
         },
     };
-    // What the worker's hashes name now, asked ahead of use.
-    let records = &st.records[tier];
+    // What the worker's hashes name now, asked ahead of use; hashes new to
+    // the worker are added now, while their buckets are at hand, and get
+    // their blocks once the tree says which.
+    let records = &mut st.records[tier];
     for b in blocks.iter().take(PREFETCH_AHEAD) {
         records.prefetch(b.engine_hash);
     }
     let mut previous: Vec<u32> = Vec::with_capacity(blocks.len());
+    let mut spots: Vec<Spot> = Vec::with_capacity(blocks.len());
     for (k, b) in blocks.iter().enumerate() {
         if let Some(next) = blocks.get(k + PREFETCH_AHEAD) {
             records.prefetch(next.engine_hash);
         }
-        previous.push(records.get(b.engine_hash).unwrap_or(NIL));
+        let (old, spot) = records.claim(b.engine_hash);
+        previous.push(old.unwrap_or(NIL));
+        spots.push(spot);
     }
 
     // The shape, under the tree lock: the block each stored block lands on.
@@ -415,23 +421,24 @@ fn store_part(
         drop(changing);
     }
 
-    // The records, outside the tree lock.
+    // The records, outside the tree lock: each claimed slot gets its block.
     let records = &mut st.records[tier];
-    for b in blocks.iter().take(PREFETCH_AHEAD) {
-        records.prefetch(b.engine_hash);
+    for &spot in spots.iter().take(PREFETCH_AHEAD) {
+        records.prefetch_spot(spot);
     }
     for (k, &id) in ids.iter().enumerate() {
-        if let Some(next) = blocks.get(k + PREFETCH_AHEAD) {
-            records.prefetch(next.engine_hash);
+        if let Some(&next) = spots.get(k + PREFETCH_AHEAD) {
+            records.prefetch_spot(next);
         }
-        if previous[k] == NIL {
-            records.insert_new(blocks[k].engine_hash, id);
-        } else if previous[k] != id {
-            records.insert(blocks[k].engine_hash, id);
+        if previous[k] != id {
+            records.set(blocks[k].engine_hash, spots[k], id);
         }
     }
-    if matches!(refused, Some(Refusal::Shed | Refusal::Full)) {
-        for (b, _) in blocks[ids.len()..].iter().zip(&previous[ids.len()..]).filter(|(_, &old)| old != NIL) {
+    // Refused blocks: hashes new to the worker go again; hashes that named
+    // other blocks, which the store released (shed or full), go too.
+    let released = matches!(refused, Some(Refusal::Shed | Refusal::Full));
+    for (b, &old) in blocks[ids.len()..].iter().zip(&previous[ids.len()..]) {
+        if old == NIL || released {
             records.remove(b.engine_hash);
         }
     }
