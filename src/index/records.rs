@@ -1,17 +1,18 @@
 //! A worker's blocks in one tier: engine hash to block id.
 //!
 //! This is the index's only per-(block, worker) structure, so it is made to
-//! be small and to cost one or two cache lines per operation: a bucketized
-//! cuckoo table (Fan et al., CoNEXT 2014) whose 64-byte buckets hold five
-//! slots of an 8-byte engine hash and a 4-byte block id. A key lives in one
-//! of its two buckets, so a lookup reads at most two lines, which a batch can
-//! prefetch ahead of use; a remove clears a slot and moves nothing. Tables
-//! run up to 92% full and grow by an eighth at a time (any bucket count:
-//! buckets are picked by multiply-shift, not masks), so a pair costs about
-//! 14 bytes at the steady state. Engine hashes are opaque and may be small
-//! or sequential numbers, so they are mixed before use.
+//! be small and to cost one bucket per operation: a bucketized cuckoo table
+//! (Fan et al., CoNEXT 2014) whose 128-byte buckets hold ten slots of an
+//! 8-byte engine hash and a 4-byte block id, filled from the front, and a
+//! count. A key lives in one of its two buckets, so a lookup reads at most
+//! two buckets, which a batch prefetches ahead of use; an insert goes to the
+//! emptier bucket (read from the counts); a remove moves the bucket's last
+//! slot into the hole. Tables run up to 92% full, grow by half while they
+//! fill (any bucket count: buckets are picked by multiply-shift, not masks)
+//! and are packed to 88% once they settle, so a pair costs about 14 bytes at
+//! the steady state. Engine hashes are opaque and may be small or sequential
+//! numbers, so they are mixed before use.
 
-const EMPTY: u32 = u32::MAX;
 const SLOTS: usize = 10;
 /// Most slots in use, in 1/100ths of all slots, before the table grows.
 const LOAD_MAX_PERCENT: usize = 92;
@@ -27,14 +28,60 @@ const SHRINK_PERCENT: usize = 40;
 /// Displacements one insert may make before the table grows instead.
 const KICKS_MAX: usize = 128;
 
+/// Slots `0..len` are in use. All zeros is an empty bucket.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct Bucket {
     keys: [u64; SLOTS],
     ids: [u32; SLOTS],
+    len: u32,
+    _pad: u32,
 }
 
-const EMPTY_BUCKET: Bucket = Bucket { keys: [0; SLOTS], ids: [EMPTY; SLOTS] };
+const _: () = assert!(std::mem::size_of::<Bucket>() == 128);
+
+impl Bucket {
+    /// Slots holding `key` (at most one), as a bit mask.
+    #[inline]
+    fn matches(&self, key: u64) -> u32 {
+        let mut m = 0u32;
+        for s in 0..SLOTS {
+            m |= ((self.keys[s] == key) as u32) << s;
+        }
+        m & ((1u32 << self.len) - 1)
+    }
+
+    #[inline]
+    fn full(&self) -> bool {
+        self.len as usize == SLOTS
+    }
+
+    #[inline]
+    fn push(&mut self, key: u64, id: u32) {
+        let s = self.len as usize;
+        self.keys[s] = key;
+        self.ids[s] = id;
+        self.len += 1;
+    }
+}
+
+/// `n` empty buckets, from zeroed memory (which fresh pages already are).
+fn empty_buckets(n: usize) -> Vec<Bucket> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let layout = std::alloc::Layout::array::<Bucket>(n).expect("bucket count fits");
+    // SAFETY: the layout is nonzero in size; a zeroed Bucket is a valid,
+    // empty one (plain integers); the Vec takes ownership with the same
+    // layout it will free with.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut Bucket;
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(p, n, n)
+    }
+}
 
 #[inline]
 fn mix(key: u64) -> u64 {
@@ -47,6 +94,16 @@ fn mix(key: u64) -> u64 {
 fn reduce(h: u64, n: usize) -> usize {
     ((h as u128 * n as u128) >> 64) as usize
 }
+
+/// Where a key was put: valid until the table next moves keys.
+#[derive(Clone, Copy)]
+pub(crate) struct Spot {
+    bucket: u32,
+    slot: u32,
+}
+
+/// The id a claimed key names until its store sets it.
+const NIL: u32 = u32::MAX;
 
 /// Engine hash -> block id, for one worker and tier.
 #[derive(Default)]
@@ -106,11 +163,9 @@ impl Records {
         }
         let (a, b) = self.homes(key);
         for bi in [a, b] {
-            let bucket = &self.buckets[bi];
-            for s in 0..SLOTS {
-                if bucket.keys[s] == key && bucket.ids[s] != EMPTY {
-                    return Some((bi, s));
-                }
+            let m = self.buckets[bi].matches(key);
+            if m != 0 {
+                return Some((bi, m.trailing_zeros() as usize));
             }
         }
         None
@@ -122,50 +177,85 @@ impl Records {
     }
 
     /// Sets `key` to `id`, returning the previous id.
+    #[cfg(test)]
     pub(crate) fn insert(&mut self, key: u64, id: u32) -> Option<u32> {
-        debug_assert!(id != EMPTY);
         if let Some((b, s)) = self.position(key) {
             return Some(std::mem::replace(&mut self.buckets[b].ids[s], id));
         }
-        self.insert_new(key, id);
+        self.insert_new_at(key, id);
         None
     }
 
-    /// Adds `key`, which the caller knows is absent.
-    pub(crate) fn insert_new(&mut self, key: u64, id: u32) {
-        debug_assert!(id != EMPTY && self.position(key).is_none());
+    /// Adds `key`, which the caller knows is absent; returns where it went.
+    fn insert_new_at(&mut self, key: u64, id: u32) -> Spot {
+        debug_assert!(self.position(key).is_none());
         if (self.len + 1) * 100 > self.buckets.len() * SLOTS * LOAD_MAX_PERCENT {
             let grown = self.buckets.len() * GROW_PERCENT / 100;
             self.rebuild(grown.max(Self::buckets_for(self.len + 1, 80)));
         } else {
             self.settle();
         }
-        let (mut key, mut id) = (key, id);
-        loop {
-            match self.place(key, id) {
-                None => break,
-                Some((k, i)) => {
-                    // The walk gave up: more room, then place the one left over.
-                    self.rebuild(self.buckets.len() + self.buckets.len() / 16 + 1);
-                    (key, id) = (k, i);
-                }
-            }
-        }
         self.len += 1;
         self.peak = self.peak.max(self.len);
+        let (a, b) = self.homes(key);
+        // The emptier bucket: balanced buckets rarely both fill, so walks stay rare.
+        let bi = if self.buckets[a].len <= self.buckets[b].len { a } else { b };
+        if !self.buckets[bi].full() {
+            self.buckets[bi].push(key, id);
+            return Spot { bucket: bi as u32, slot: self.buckets[bi].len - 1 };
+        }
+        let (mut key_left, mut id_left) = (key, id);
+        while let Some((k, i)) = self.place(key_left, id_left) {
+            // The walk gave up: more room, then place the one left over.
+            self.rebuild(self.buckets.len() + self.buckets.len() / 16 + 1);
+            (key_left, id_left) = (k, i);
+        }
+        let (b, s) = self.position(key).expect("just placed");
+        Spot { bucket: b as u32, slot: s as u32 }
+    }
+
+    /// Before a store changes the tree: the id `key` names now, if any;
+    /// else it is added naming `NIL` for now. Either way, where it is, for
+    /// `set` once the store knows its block.
+    pub(crate) fn claim(&mut self, key: u64) -> (Option<u32>, Spot) {
+        if let Some((b, s)) = self.position(key) {
+            return (Some(self.buckets[b].ids[s]), Spot { bucket: b as u32, slot: s as u32 });
+        }
+        (None, self.insert_new_at(key, NIL))
+    }
+
+    /// Sets `key`, which is in the table, to `id`; `spot` is where `claim`
+    /// found it, unless later inserts moved it.
+    #[inline]
+    pub(crate) fn set(&mut self, key: u64, spot: Spot, id: u32) {
+        let (b, s) = (spot.bucket as usize, spot.slot as usize);
+        if let Some(bucket) = self.buckets.get_mut(b) {
+            if s < bucket.len as usize && bucket.keys[s] == key {
+                bucket.ids[s] = id;
+                return;
+            }
+        }
+        let (b, s) = self.position(key).expect("a claimed key stays");
+        self.buckets[b].ids[s] = id;
+    }
+
+    /// Asks the cache for a `set` at `spot`.
+    #[inline]
+    pub(crate) fn prefetch_spot(&self, spot: Spot) {
+        if let Some(bucket) = self.buckets.get(spot.bucket as usize) {
+            let p = bucket as *const Bucket as *const u8;
+            prefetch(p);
+            prefetch(p.wrapping_add(64));
+        }
     }
 
     /// Places a key known to be absent; on failure returns the key left homeless.
     fn place(&mut self, mut key: u64, mut id: u32) -> Option<(u64, u32)> {
         let (a, b) = self.homes(key);
         // The emptier bucket: balanced buckets rarely both fill, so walks stay rare.
-        let free = |bi: usize| self.buckets[bi].ids.iter().filter(|&&x| x == EMPTY).count();
-        let (fa, fb) = (free(a), free(b));
-        if fa + fb > 0 {
-            let bi = if fa >= fb { a } else { b };
-            let s = self.buckets[bi].ids.iter().position(|&x| x == EMPTY).expect("counted free");
-            self.buckets[bi].keys[s] = key;
-            self.buckets[bi].ids[s] = id;
+        let bi = if self.buckets[a].len <= self.buckets[b].len { a } else { b };
+        if !self.buckets[bi].full() {
+            self.buckets[bi].push(key, id);
             return None;
         }
         let mut bi = a;
@@ -178,9 +268,8 @@ impl Records {
             std::mem::swap(&mut id, &mut self.buckets[bi].ids[s]);
             let (x, y) = self.homes(key);
             bi = if x == bi { y } else { x };
-            if let Some(s) = self.buckets[bi].ids.iter().position(|&x| x == EMPTY) {
-                self.buckets[bi].keys[s] = key;
-                self.buckets[bi].ids[s] = id;
+            if !self.buckets[bi].full() {
+                self.buckets[bi].push(key, id);
                 return None;
             }
         }
@@ -190,7 +279,12 @@ impl Records {
     /// Removes `key`, returning its id.
     pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
         let (b, s) = self.position(key)?;
-        let id = std::mem::replace(&mut self.buckets[b].ids[s], EMPTY);
+        let bucket = &mut self.buckets[b];
+        let id = bucket.ids[s];
+        let last = bucket.len as usize - 1;
+        bucket.keys[s] = bucket.keys[last];
+        bucket.ids[s] = bucket.ids[last];
+        bucket.len -= 1;
         self.len -= 1;
         if self.len == 0 {
             *self = Records { rng: self.rng, ..Records::default() };
@@ -225,11 +319,11 @@ impl Records {
         self.churn = 0;
         self.peak = self.len;
         loop {
-            let old = std::mem::replace(&mut self.buckets, vec![EMPTY_BUCKET; buckets]);
+            let old = std::mem::replace(&mut self.buckets, empty_buckets(buckets));
             let mut ok = true;
             'all: for b in &old {
-                for s in 0..SLOTS {
-                    if b.ids[s] != EMPTY && self.place(b.keys[s], b.ids[s]).is_some() {
+                for s in 0..b.len as usize {
+                    if self.place(b.keys[s], b.ids[s]).is_some() {
                         ok = false;
                         break 'all;
                     }
@@ -246,7 +340,7 @@ impl Records {
 
     /// Every (engine hash, block id).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.buckets.iter().flat_map(|b| (0..SLOTS).filter(|&s| b.ids[s] != EMPTY).map(move |s| (b.keys[s], b.ids[s])))
+        self.buckets.iter().flat_map(|b| (0..b.len as usize).map(move |s| (b.keys[s], b.ids[s])))
     }
 
     /// Empties the table, returning its contents.
@@ -298,6 +392,27 @@ mod tests {
         expected.sort();
         assert_eq!(all, expected);
         assert_eq!(r.bytes(), 0);
+    }
+
+    #[test]
+    fn claimed_keys_get_their_ids_even_after_the_table_moved_them() {
+        let mut r = Records::default();
+        let key = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7;
+        // Claimed in one batch, set after: the table grows (and moves every
+        // key) many times in between.
+        let claims: Vec<_> = (0..20_000u64).map(|k| r.claim(key(k))).collect();
+        assert!(claims.iter().all(|(old, _)| old.is_none()));
+        for (k, (_, spot)) in claims.iter().enumerate() {
+            r.set(key(k as u64), *spot, k as u32 + 1);
+        }
+        for k in 0..20_000u64 {
+            assert_eq!(r.get(key(k)), Some(k as u32 + 1));
+        }
+        // A claim of a key present says what it names and adds nothing.
+        let (old, spot) = r.claim(key(5));
+        assert_eq!(old, Some(6));
+        r.set(key(5), spot, 99);
+        assert_eq!((r.get(key(5)), r.len()), (Some(99), 20_000));
     }
 
     #[test]

@@ -20,6 +20,7 @@
 
 use super::blocks::NIL;
 use super::chain;
+use super::records::Spot;
 use super::tree::{Holder, Shared, Tree};
 use super::workers::{Changing, WorkerState};
 use super::ApplyOutcome;
@@ -30,7 +31,7 @@ use std::sync::atomic::Ordering;
 
 const DEVICE: usize = StorageTier::Device as usize;
 /// How many records ahead a batch asks the cache for.
-const PREFETCH_AHEAD: usize = 16;
+const PREFETCH_AHEAD: usize = 32;
 /// Pairs taken from the shared budget at a time while following existing blocks.
 const PAIR_CREDIT: u64 = 64;
 /// Blocks a store changes in the tree, while readers must wait for its
@@ -116,22 +117,53 @@ impl Drop for Credit<'_> {
     }
 }
 
+/// Engine hashes of the event being stored, seen so far: an open-addressing
+/// set reused across events, whose slots from earlier events are told apart
+/// by their stamp, so nothing is cleared between events.
+struct Seen {
+    slots: Vec<(u64, u32)>,
+    stamp: u32,
+}
+
+thread_local! {
+    static SEEN: std::cell::RefCell<Seen> = const { std::cell::RefCell::new(Seen { slots: Vec::new(), stamp: 0 }) };
+}
+
 /// The first index at which an engine hash repeats one before it (len if none).
 fn first_repeat(blocks: &[StoredBlock]) -> usize {
     if blocks.len() < 2 {
         return blocks.len();
     }
-    // A bit filter first; a hit is checked exactly against the blocks before.
-    let bits = (blocks.len() * 64).next_power_of_two();
-    let mut filter = vec![0u64; bits / 64];
-    for (k, b) in blocks.iter().enumerate() {
-        let h = (b.engine_hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (bits - 1);
-        if filter[h / 64] & (1 << (h % 64)) != 0 && blocks[..k].iter().any(|x| x.engine_hash == b.engine_hash) {
-            return k;
+    SEEN.with(|seen| {
+        let seen = &mut *seen.borrow_mut();
+        let cap = (blocks.len() * 2).next_power_of_two();
+        if seen.slots.len() < cap {
+            seen.slots = vec![(0, 0); cap];
+            seen.stamp = 0;
         }
-        filter[h / 64] |= 1 << (h % 64);
-    }
-    blocks.len()
+        seen.stamp = seen.stamp.wrapping_add(1);
+        if seen.stamp == 0 {
+            seen.slots.fill((0, 0));
+            seen.stamp = 1;
+        }
+        let (stamp, mask, shift) = (seen.stamp, cap - 1, 64 - cap.trailing_zeros());
+        for (k, b) in blocks.iter().enumerate() {
+            let h = b.engine_hash;
+            let mut i = (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize;
+            loop {
+                let slot = &mut seen.slots[i];
+                if slot.1 != stamp {
+                    *slot = (h, stamp);
+                    break;
+                }
+                if slot.0 == h {
+                    return k;
+                }
+                i = (i + 1) & mask;
+            }
+        }
+        blocks.len()
+    })
 }
 
 /// The block a stored block's parent names for this worker: the same tier
@@ -257,17 +289,22 @@ fn store_part(
             }
         },
     };
-    // What the worker's hashes name now, asked ahead of use.
-    let records = &st.records[tier];
+    // What the worker's hashes name now, asked ahead of use; hashes new to
+    // the worker are added now, while their buckets are at hand, and get
+    // their blocks once the tree says which.
+    let records = &mut st.records[tier];
     for b in blocks.iter().take(PREFETCH_AHEAD) {
         records.prefetch(b.engine_hash);
     }
     let mut previous: Vec<u32> = Vec::with_capacity(blocks.len());
+    let mut spots: Vec<Spot> = Vec::with_capacity(blocks.len());
     for (k, b) in blocks.iter().enumerate() {
         if let Some(next) = blocks.get(k + PREFETCH_AHEAD) {
             records.prefetch(next.engine_hash);
         }
-        previous.push(records.get(b.engine_hash).unwrap_or(NIL));
+        let (old, spot) = records.claim(b.engine_hash);
+        previous.push(old.unwrap_or(NIL));
+        spots.push(spot);
     }
 
     // The shape, under the tree lock: the block each stored block lands on.
@@ -384,23 +421,24 @@ fn store_part(
         drop(changing);
     }
 
-    // The records, outside the tree lock.
+    // The records, outside the tree lock: each claimed slot gets its block.
     let records = &mut st.records[tier];
-    for b in blocks.iter().take(PREFETCH_AHEAD) {
-        records.prefetch(b.engine_hash);
+    for &spot in spots.iter().take(PREFETCH_AHEAD) {
+        records.prefetch_spot(spot);
     }
     for (k, &id) in ids.iter().enumerate() {
-        if let Some(next) = blocks.get(k + PREFETCH_AHEAD) {
-            records.prefetch(next.engine_hash);
+        if let Some(&next) = spots.get(k + PREFETCH_AHEAD) {
+            records.prefetch_spot(next);
         }
-        if previous[k] == NIL {
-            records.insert_new(blocks[k].engine_hash, id);
-        } else if previous[k] != id {
-            records.insert(blocks[k].engine_hash, id);
+        if previous[k] != id {
+            records.set(blocks[k].engine_hash, spots[k], id);
         }
     }
-    if matches!(refused, Some(Refusal::Shed | Refusal::Full)) {
-        for (b, _) in blocks[ids.len()..].iter().zip(&previous[ids.len()..]).filter(|(_, &old)| old != NIL) {
+    // Refused blocks: hashes new to the worker go again; hashes that named
+    // other blocks, which the store released (shed or full), go too.
+    let released = matches!(refused, Some(Refusal::Shed | Refusal::Full));
+    for (b, &old) in blocks[ids.len()..].iter().zip(&previous[ids.len()..]) {
+        if old == NIL || released {
             records.remove(b.engine_hash);
         }
     }
@@ -596,4 +634,32 @@ pub(crate) fn check_worker(tree: &Tree, shared: &Shared, st: &WorkerState) -> u6
         pairs += named.len() as u64;
     }
     pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocks(hashes: &[u64]) -> Vec<StoredBlock> {
+        hashes.iter().map(|&h| StoredBlock { engine_hash: h, local_hash: h ^ 1 }).collect()
+    }
+
+    #[test]
+    fn first_repeat_finds_the_first_hash_named_twice() {
+        assert_eq!(first_repeat(&blocks(&[])), 0);
+        assert_eq!(first_repeat(&blocks(&[7])), 1);
+        assert_eq!(first_repeat(&blocks(&[1, 2, 3, 4])), 4);
+        assert_eq!(first_repeat(&blocks(&[1, 2, 1, 2])), 2);
+        assert_eq!(first_repeat(&blocks(&[5, 5])), 1);
+        // Slots left by earlier events never count: the same hashes again,
+        // many times, with tables of several sizes.
+        let long: Vec<u64> = (0..1000u64).map(|i| i.wrapping_mul(0x1234_5678_9ABC_DEF1)).collect();
+        for round in 0..300 {
+            let n = 2 + round % 997;
+            assert_eq!(first_repeat(&blocks(&long[..n])), n);
+            let mut again = long[..n].to_vec();
+            again.push(long[round % n]);
+            assert_eq!(first_repeat(&blocks(&again)), n);
+        }
+    }
 }
