@@ -223,13 +223,13 @@ impl Writer {
         push_timestamp(line, r.at, self.local_time);
         line.extend_from_slice(b"\",\"trace_id\":");
         let trace = r.trace_id.as_deref().unwrap_or("-");
-        super::codec::push_str(line, cut(trace, TRACE_ID_BYTES_MAX));
+        crate::json::out::push_str(line, cut(trace, TRACE_ID_BYTES_MAX));
         line.extend_from_slice(b",\"method\":");
-        super::codec::push_str(line, &r.method);
+        crate::json::out::push_str(line, &r.method);
         line.extend_from_slice(b",\"path\":");
-        super::codec::push_str(line, r.path);
+        crate::json::out::push_str(line, r.path);
         line.extend_from_slice(b",\"model\":");
-        super::codec::push_str(line, r.model.as_deref().unwrap_or("-"));
+        crate::json::out::push_str(line, r.model.as_deref().unwrap_or("-"));
         let ms = r.duration.as_secs_f64() * 1e3;
         let _ = writeln!(line, ",\"status\":{},\"duration_ms\":{ms}}}", r.status);
         self.pending.extend_from_slice(line);

@@ -10,8 +10,7 @@
 //! only ever sees requests it can act on. Field names and optionality
 //! follow Dynamo's request structs.
 
-use super::problems::{tenant, Problems};
-use super::{BodyError, CONTROL_BODY_BYTES_MAX};
+use super::{check_size, tenant, BodyError, Problems, CONTROL_BODY_BYTES_MAX};
 use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
 use crate::ingest::BLOCK_SIZE_MAX;
 use crate::registry::NAME_BYTES_MAX;
@@ -88,12 +87,7 @@ struct PeerBody {
 /// Reads a control body into `T`, syntax first (see the module doc);
 /// `what` names the fields expected when the body is not an object.
 fn read<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, BodyError> {
-    if body.len() > CONTROL_BODY_BYTES_MAX {
-        return Err(BodyError::Invalid(format!(
-            "request body is {} bytes; the limit is {CONTROL_BODY_BYTES_MAX}",
-            body.len()
-        )));
-    }
+    check_size(body, CONTROL_BODY_BYTES_MAX)?;
     let text = std::str::from_utf8(body).map_err(|e| BodyError::Malformed(format!("the body is not UTF-8: {e}")))?;
     serde_json::from_str::<IgnoredAny>(text).map_err(|e| BodyError::Malformed(e.to_string()))?;
     // A derived struct also reads a JSON array, positionally; only objects are bodies.
