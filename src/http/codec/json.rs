@@ -122,6 +122,14 @@ pub(super) struct Walk<'a> {
     pub i: usize,
 }
 
+/// Checks that `body` is one well-formed JSON value, by the same rules as
+/// the hot bodies (nesting, numbers, strings).
+pub(super) fn check(body: &[u8]) -> Result<(), Syntax> {
+    let mut w = Walk { b: body, i: 0 };
+    w.value::<1>()?;
+    w.end()
+}
+
 impl<'a> Walk<'a> {
     pub fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
