@@ -8,6 +8,8 @@
 //! - More slow clients than slots, each sending its head a byte at a time
 //!   (or a body, or nothing): they lose their slots at the deadline.
 //! - Requests from the framing grammar, mutated or not, pipelined.
+//! - Bodies nested to the limit and far past it, on the connection
+//!   threads' small stacks: answered, 400 past the limit.
 
 mod support;
 
@@ -102,6 +104,27 @@ fn chunk_sizes_past_two_to_the_64_never_take_the_api_down() {
     }
     let huge = "POST /query HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\n";
     assert_eq!(statuses(&exchange(&d, huge.as_bytes())), vec![413]);
+    assert_eq!(health(&d), 200, "the API is still up");
+}
+
+#[test]
+fn bodies_nested_to_the_limit_and_past_it_are_answered() {
+    let d = Daemon::start(&["--http-connections-max", "4"]);
+    let nested = |open: &str, close: &str, n: usize| {
+        format!(r#"{{"x":{}1{},"token_ids":[1],"block_hashes":[1],"model_name":"m"}}"#, open.repeat(n), close.repeat(n))
+    };
+    for path in ["/query", "/query_by_hash", "/register"] {
+        for (open, close) in [("[", "]"), (r#"{"a":"#, "}")] {
+            // The top-level object is level 1: 126 more levels are the most.
+            let (status, answer) = d.post(path, &nested(open, close, 126));
+            let want = if path == "/register" { 422 } else { 404 };
+            assert_eq!(status, want, "{path} at the limit: {answer}");
+            for n in [127, 100_000] {
+                let (status, answer) = d.post(path, &nested(open, close, n));
+                assert_eq!(status, 400, "{path} {n} deep: {answer}");
+            }
+        }
+    }
     assert_eq!(health(&d), 200, "the API is still up");
 }
 

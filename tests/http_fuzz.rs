@@ -1,7 +1,7 @@
-//! Fuzz of the HTTP/1.1 framing (`read_head`, `read_body`) with requests
-//! from a grammar that spells every token the framing reacts to
-//! (`support/http_gen.rs`), pipelined, fed through read buffers of 1 byte
-//! to 16 KiB so a head or chunk line ends anywhere in a read. For a
+//! Fuzz of the HTTP/1.1 framing (`Conn::read_head`, `Conn::read_body`) with
+//! requests from a grammar that spells every token the framing reacts to
+//! (`support/http_gen.rs`), pipelined, fed through reads of 1 byte to 16 KiB
+//! so a head or chunk line ends anywhere in a read. For a
 //! generated case the framing must reach exactly the generator's verdict:
 //! the same method, target, body and connection handling for each request
 //! and then the end of the input (no byte left over or taken from the next
@@ -13,11 +13,11 @@
 
 mod support;
 
-use std::io::BufReader;
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
-use kv_indexer::http::body::read_body;
-use kv_indexer::http::request::{read_head, ReadError};
+use kv_indexer::http::conn::{Conn, ReadError, Socket};
 use support::http_gen::{case, Want, BODY_LIMIT};
 use support::rng::Rng;
 
@@ -27,29 +27,63 @@ fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// Bytes in memory, at most `cap` per read; what is written back is kept.
+struct Mem<'a> {
+    data: &'a [u8],
+    cap: usize,
+    sent: Vec<u8>,
+}
+
+impl Read for Mem<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.cap).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+impl Write for Mem<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.sent.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Socket for Mem<'_> {
+    fn set_read_timeout(&mut self, _: Duration) -> io::Result<()> {
+        Ok(())
+    }
+    fn shutdown(&self, _: Shutdown) {}
+}
+
 /// What the framing concluded for one request, in the generator's terms.
-fn frame(r: &mut BufReader<&[u8]>, line: &mut Vec<u8>, body: &mut Vec<u8>) -> Option<Want> {
+fn frame(c: &mut Conn<Mem<'_>>) -> Option<Want> {
     let second = Duration::from_secs(1);
-    let head = match read_head(r, line, second, second) {
+    let head = match c.read_head(second, second, None) {
         Ok(h) => h,
         Err(ReadError::Closed) => return None,
         Err(e) => return Some(refusal(e)),
     };
-    let mut sent = Vec::new();
+    c.sock.sent.clear();
     let deadline = Instant::now() + Duration::from_secs(10);
-    if let Err(e) = read_body(r, &mut sent, &head, BODY_LIMIT, deadline, body, line) {
-        return Some(refusal(e));
-    }
+    let body = match c.read_body(&head, BODY_LIMIT, deadline) {
+        Ok(b) => b.to_vec(),
+        Err(e) => return Some(refusal(e)),
+    };
     assert!(body.len() <= BODY_LIMIT, "a body past the limit was handed over");
     if let Some(n) = head.content_length {
         assert_eq!(body.len() as u64, n, "a body shorter or longer than its Content-Length");
     }
-    let continue_sent = match sent.as_slice() {
+    let continue_sent = match c.sock.sent.as_slice() {
         b"" => false,
         b"HTTP/1.1 100 Continue\r\n\r\n" => true,
         other => panic!("wrote {:?} while reading a request", String::from_utf8_lossy(other)),
     };
-    Some(Want::Ok { method: head.method, target: head.target, body: body.clone(), close: head.close, continue_sent })
+    Some(Want::Ok { method: head.method, target: head.target, body, close: head.close, continue_sent })
 }
 
 fn refusal(e: ReadError) -> Want {
@@ -65,17 +99,16 @@ fn refusal(e: ReadError) -> Want {
 fn the_framing_reaches_the_grammar_s_verdict_on_every_request() {
     let cases = env_u64("HTTP_FUZZ_CASES", 200_000);
     let mut rng = Rng::new(env_u64("HTTP_FUZZ_SEED", 7));
-    let (mut line, mut body) = (Vec::new(), Vec::new());
     let mut seen = std::collections::BTreeMap::<&str, u64>::new();
     for i in 0..cases {
         let c = case(&mut rng);
         let capacity = CAPACITIES[rng.below(CAPACITIES.len() as u64) as usize];
-        let mut r = BufReader::with_capacity(capacity, &c.bytes[..]);
+        let mut r = Conn::new(Mem { data: &c.bytes[..], cap: capacity, sent: Vec::new() });
         let show = || format!("case {i}: {:?}", String::from_utf8_lossy(&c.bytes));
         if c.wants == [Want::Any] {
             // At most one request per two bytes can be framed.
             for _ in 0..=c.bytes.len() / 2 {
-                match frame(&mut r, &mut line, &mut body) {
+                match frame(&mut r) {
                     Some(Want::Ok { close: false, .. }) => continue,
                     _ => break,
                 }
@@ -84,12 +117,12 @@ fn the_framing_reaches_the_grammar_s_verdict_on_every_request() {
             continue;
         }
         for want in &c.wants {
-            let got = frame(&mut r, &mut line, &mut body);
+            let got = frame(&mut r);
             assert_eq!(got.as_ref(), Some(want), "{}", show());
             *seen.entry(label(want)).or_default() += 1;
         }
         if let Some(Want::Ok { close: false, .. }) = c.wants.last() {
-            assert_eq!(frame(&mut r, &mut line, &mut body), None, "bytes left after the last request: {}", show());
+            assert_eq!(frame(&mut r), None, "bytes left after the last request: {}", show());
         }
     }
     eprintln!("{cases} cases: {seen:?}");

@@ -98,7 +98,9 @@ impl AccessLog {
         let local_time = cfg.local_time;
         let writer = std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || Writer { path, file, local_time, line: Vec::new(), pending: Vec::new(), errors: 0 }.run(rx))
+            .spawn(move || {
+                Writer { path, file, local_time, pending: Vec::new(), errors: 0, last_warning: None }.run(rx)
+            })
             .map_err(|e| format!("cannot start the access log writer: {e}"))?;
         Ok(Some(AccessLog {
             tx,
@@ -161,78 +163,62 @@ struct Writer {
     path: PathBuf,
     file: File,
     local_time: bool,
-    line: Vec<u8>,
     /// Formatted lines not yet written.
     pending: Vec<u8>,
     errors: u64,
+    last_warning: Option<Instant>,
 }
 
 impl Writer {
     fn run(mut self, rx: Receiver<Msg>) {
-        let mut last_warning: Option<Instant> = None;
-        loop {
-            // Block until something arrives; then take what is queued and
-            // write it in one go.
-            let msg = match rx.recv() {
-                Ok(m) => m,
-                Err(_) => return self.flush(&mut last_warning),
-            };
-            let mut next = Some(msg);
-            while let Some(msg) = next.take() {
+        // Block until something arrives, then take what is queued and write
+        // it in one go.
+        while let Ok(first) = rx.recv() {
+            for msg in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match msg {
-                    Msg::Line(r) => {
-                        self.format(&r);
-                        if self.pending.len() >= 1 << 16 {
-                            self.flush(&mut last_warning);
-                        }
-                    }
+                    Msg::Line(r) => self.format(&r),
                     Msg::Reopen(done) => {
-                        self.flush(&mut last_warning);
+                        self.flush();
                         let _ = done.send(open_append(&self.path).map(|f| self.file = f));
                     }
-                    Msg::Stop => return self.flush(&mut last_warning),
+                    Msg::Stop => return self.flush(),
                 }
-                next = rx.try_recv().ok();
+                if self.pending.len() >= 1 << 16 {
+                    self.flush();
+                }
             }
-            self.flush(&mut last_warning);
+            self.flush();
         }
+        self.flush();
     }
 
-    fn flush(&mut self, last_warning: &mut Option<Instant>) {
-        if self.pending.is_empty() {
-            return;
-        }
+    fn flush(&mut self) {
         if let Err(e) = self.file.write_all(&self.pending) {
             self.errors += 1;
-            if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_millis(ERROR_LOG_INTERVAL_MS)) {
-                *last_warning = Some(Instant::now());
-                crate::warn!(
-                    "writing the access log {} failed ({} failed writes so far): {e}",
-                    self.path.display(),
-                    self.errors
-                );
+            let interval = Duration::from_millis(ERROR_LOG_INTERVAL_MS);
+            if self.last_warning.is_none_or(|t| t.elapsed() >= interval) {
+                self.last_warning = Some(Instant::now());
+                let (path, errors) = (self.path.display(), self.errors);
+                crate::warn!("writing the access log {path} failed ({errors} failed writes so far): {e}");
             }
         }
         self.pending.clear();
     }
 
     fn format(&mut self, r: &Record) {
-        let line = &mut self.line;
-        line.clear();
+        let line = &mut self.pending;
         line.extend_from_slice(b"{\"ts\":\"");
         push_timestamp(line, r.at, self.local_time);
-        line.extend_from_slice(b"\",\"trace_id\":");
-        let trace = r.trace_id.as_deref().unwrap_or("-");
-        super::codec::push_str(line, cut(trace, TRACE_ID_BYTES_MAX));
-        line.extend_from_slice(b",\"method\":");
-        super::codec::push_str(line, &r.method);
-        line.extend_from_slice(b",\"path\":");
-        super::codec::push_str(line, r.path);
-        line.extend_from_slice(b",\"model\":");
-        super::codec::push_str(line, r.model.as_deref().unwrap_or("-"));
+        let trace = cut(r.trace_id.as_deref().unwrap_or("-"), TRACE_ID_BYTES_MAX);
+        let model = r.model.as_deref().unwrap_or("-");
+        for (key, value) in
+            [("\",\"trace_id\":", trace), (",\"method\":", &r.method), (",\"path\":", r.path), (",\"model\":", model)]
+        {
+            line.extend_from_slice(key.as_bytes());
+            crate::json::out::push_str(line, value);
+        }
         let ms = r.duration.as_secs_f64() * 1e3;
         let _ = writeln!(line, ",\"status\":{},\"duration_ms\":{ms}}}", r.status);
-        self.pending.extend_from_slice(line);
     }
 }
 

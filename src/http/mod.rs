@@ -2,12 +2,10 @@
 
 pub mod access_log;
 pub mod auth;
-pub mod body;
 pub mod codec;
+pub mod conn;
 pub mod endpoints;
 pub mod metrics;
-pub mod request;
 pub mod routes;
 pub mod server;
 mod slots;
-mod stream;

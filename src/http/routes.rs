@@ -16,6 +16,8 @@ use crate::metrics::Prom;
 use crate::peers::{PeerAdded, Peers, PEERS_MAX};
 use crate::readiness::Readiness;
 use crate::registry::{RegisterArgs, Registry, RegistryError, TENANT_DEFAULT};
+use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -33,75 +35,86 @@ pub struct Api {
     pub access_log: Option<Arc<AccessLog>>,
 }
 
-fn ok_status(out: &mut Vec<u8>) {
-    out.clear();
-    codec::write_status_ok(out);
-}
+/// A refused request: its status and the message of its `{"error": ...}`.
+struct Refusal(u16, String);
 
-fn fail(out: &mut Vec<u8>, status: u16, message: &str) -> Reply {
-    error_body(out, message);
-    Reply::json(status)
-}
-
-fn body_error(out: &mut Vec<u8>, e: BodyError) -> Reply {
-    fail(out, e.status(), e.message())
-}
-
-fn registry_error(out: &mut Vec<u8>, e: RegistryError) -> Reply {
-    match e {
-        RegistryError::Invalid(m) => fail(out, 400, &m),
-        RegistryError::NotFound(m) => fail(out, 404, &m),
-        RegistryError::Conflict(m) => fail(out, 409, &m),
-        RegistryError::Unavailable(m) => fail(out, 503, &m),
+impl From<BodyError> for Refusal {
+    fn from(e: BodyError) -> Refusal {
+        Refusal(e.status(), e.message().to_string())
     }
 }
 
-/// Decodes `%XX` and `+` in a query-string component.
-fn url_decode(s: &str) -> String {
-    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 3 <= b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            c => out.push(c),
+impl From<RegistryError> for Refusal {
+    fn from(e: RegistryError) -> Refusal {
+        match e {
+            RegistryError::Invalid(m) => Refusal(400, m),
+            RegistryError::NotFound(m) => Refusal(404, m),
+            RegistryError::Conflict(m) => Refusal(409, m),
+            RegistryError::Unavailable(m) => Refusal(503, m),
         }
-        i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
+type Answer = Result<Reply, Refusal>;
+
+/// `{"status":"ok"}` with `status`.
+fn ok(s: &mut Scratch, status: u16) -> Answer {
+    s.out.clear();
+    codec::write_status_ok(&mut s.out);
+    Ok(Reply::json(status))
+}
+
+/// The value of query-string parameter `name`, `+` and `%XX` decoded.
 fn query_param(query: &str, name: &str) -> Option<String> {
-    query
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .find(|(k, _)| url_decode(k) == name)
-        .map(|(_, v)| url_decode(v))
+    let decode = |s: &str| percent_encoding::percent_decode_str(&s.replace('+', " ")).decode_utf8_lossy().into_owned();
+    query.split('&').filter_map(|kv| kv.split_once('=')).find(|(k, _)| decode(k) == name).map(|(_, v)| decode(v))
+}
+
+/// An instance's status is the first of its listeners' in this order (Dynamo's).
+fn precedence(s: ListenerStatus) -> usize {
+    use ListenerStatus::*;
+    [Paused, Active, Pending, Failed].iter().position(|&x| x == s).unwrap_or(0)
+}
+
+fn status_name<S: serde::Serializer>(status: &ListenerStatus, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(status.as_str())
+}
+
+/// One `/workers` entry.
+#[derive(Serialize)]
+struct WorkerView {
+    instance_id: u64,
+    source: &'static str,
+    #[serde(serialize_with = "status_name")]
+    status: ListenerStatus,
+    model_name: String,
+    tenant_id: String,
+    routing_group: String,
+    block_size: u32,
+    endpoints: BTreeMap<u32, String>,
+    listeners: BTreeMap<u32, ListenerView>,
+}
+
+#[derive(Serialize)]
+struct ListenerView {
+    endpoint: String,
+    #[serde(serialize_with = "status_name")]
+    status: ListenerStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_error: Option<String>,
 }
 
 impl Api {
-    fn query(&self, body: &[u8], s: &mut Scratch, by_hash: bool) -> Reply {
-        let parsed = if by_hash {
+    fn query(&self, body: &[u8], s: &mut Scratch, by_hash: bool) -> Answer {
+        let req = if by_hash {
             codec::parse_query_by_hash(body, &mut s.hashes)
         } else {
             codec::parse_query(body, &mut s.tokens)
-        };
-        let req = match parsed {
-            Ok(r) => r,
-            Err(e) => return body_error(&mut s.out, e),
-        };
+        }?;
         s.set_model(&req.model_name);
         let tenant = req.tenant_id.as_deref().unwrap_or(TENANT_DEFAULT);
         let Some(h) = self.registry.index(&req.model_name, tenant) else {
-            return fail(&mut s.out, 404, &format!("no indexer for model={} tenant={}", req.model_name, tenant));
+            return Err(Refusal(404, format!("no indexer for model={} tenant={tenant}", req.model_name)));
         };
         let block_size = h.index.block_size();
         if !by_hash {
@@ -126,34 +139,20 @@ impl Api {
             block_size,
             s.hashes.len(),
         );
-        Reply::json(200)
+        Ok(Reply::json(200))
     }
 
-    fn routed(&self, body: &[u8], s: &mut Scratch) -> Reply {
-        let req = match crate::predict::parse_routed(body) {
-            Ok(r) => r,
-            Err(e) => return body_error(&mut s.out, e),
-        };
+    fn routed(&self, body: &[u8], s: &mut Scratch) -> Answer {
+        let req = crate::predict::parse_routed(body)?;
         s.set_model(&req.model_name);
-        match self.registry.routed(&req) {
-            Ok(b) => {
-                s.out.clear();
-                let body =
-                    serde_json::json!({"status": "ok", "predicted_blocks": b.predicted_blocks, "ttl_ms": b.ttl_ms});
-                s.out.extend_from_slice(body.to_string().as_bytes());
-                Reply::json(200)
-            }
-            Err(e) => registry_error(&mut s.out, e),
-        }
+        let b = self.registry.routed(&req)?;
+        json(s, &serde_json::json!({"status": "ok", "predicted_blocks": b.predicted_blocks, "ttl_ms": b.ttl_ms}))
     }
 
-    fn register(&self, body: &[u8], s: &mut Scratch) -> Reply {
-        let r = match codec::parse_register(body) {
-            Ok(r) => r,
-            Err(e) => return body_error(&mut s.out, e),
-        };
+    fn register(&self, body: &[u8], s: &mut Scratch) -> Answer {
+        let r = codec::parse_register(body)?;
         s.set_model(&r.model_name);
-        let args = RegisterArgs {
+        self.registry.register(RegisterArgs {
             instance_id: r.instance_id,
             dp_rank: r.dp_rank.unwrap_or(0),
             endpoint: r.endpoint,
@@ -161,76 +160,54 @@ impl Api {
             model_name: r.model_name,
             tenant_id: r.tenant_id.unwrap_or_else(|| TENANT_DEFAULT.to_string()),
             block_size: r.block_size,
-        };
-        match self.registry.register(args) {
-            Ok(()) => {
-                ok_status(&mut s.out);
-                Reply::json(201)
-            }
-            Err(e) => registry_error(&mut s.out, e),
-        }
+        })?;
+        ok(s, 201)
     }
 
-    fn unregister(&self, body: &[u8], s: &mut Scratch) -> Reply {
-        let r = match codec::parse_unregister(body) {
-            Ok(r) => r,
-            Err(e) => return body_error(&mut s.out, e),
-        };
+    fn unregister(&self, body: &[u8], s: &mut Scratch) -> Answer {
+        let r = codec::parse_unregister(body)?;
         s.set_model(&r.model_name);
-        match self.registry.unregister(r.instance_id, &r.model_name, r.tenant_id.as_deref(), r.dp_rank) {
-            Ok(()) => {
-                ok_status(&mut s.out);
-                Reply::json(200)
-            }
-            Err(e) => registry_error(&mut s.out, e),
-        }
+        self.registry.unregister(r.instance_id, &r.model_name, r.tenant_id.as_deref(), r.dp_rank)?;
+        ok(s, 200)
     }
 
-    fn workers(&self, query: &str, s: &mut Scratch) -> Reply {
+    /// `/workers`: one entry per (instance, model, tenant) as Dynamo 1.6.1
+    /// lists them, with its listeners by rank; the tenant is written both as
+    /// `tenant_id` (Dynamo's docs) and `routing_group` (its 1.6.1 code).
+    fn workers(&self, query: &str, s: &mut Scratch) -> Answer {
         let model = query_param(query, "model_name");
         let tenant = query_param(query, "tenant_id").or_else(|| query_param(query, "routing_group"));
         let infos = self.registry.listener_infos();
-        let regs: Vec<_> = self
-            .registry
-            .registrations()
-            .into_iter()
-            .filter(|r| {
-                model.as_ref().is_none_or(|m| &r.model_name == m) && tenant.as_ref().is_none_or(|t| &r.tenant_id == t)
-            })
-            .collect();
-        // One entry per (instance, model, tenant), one listener per rank.
-        let mut views: Vec<codec::WorkerInfo> = Vec::new();
-        for r in &regs {
-            let info = infos.get(&r.listener);
-            let listener = codec::WorkerListener {
-                dp_rank: r.worker.dp_rank,
-                endpoint: r.endpoint.clone(),
-                status: info.map_or(ListenerStatus::Failed, |i| i.status),
-                last_error: info.and_then(|i| i.last_error.clone()),
-            };
-            match views.iter_mut().find(|v| {
-                v.instance_id == r.worker.instance_id && v.model_name == r.model_name && v.tenant_id == r.tenant_id
-            }) {
-                Some(v) => v.listeners.push(listener),
-                None => views.push(codec::WorkerInfo {
-                    instance_id: r.worker.instance_id,
-                    model_name: r.model_name.clone(),
-                    tenant_id: r.tenant_id.clone(),
-                    block_size: self.registry.index(&r.model_name, &r.tenant_id).map_or(0, |h| h.index.block_size()),
-                    listeners: vec![listener],
-                }),
+        let mut views: BTreeMap<(u64, String, String), WorkerView> = BTreeMap::new();
+        for r in self.registry.registrations() {
+            if model.as_ref().is_some_and(|m| &r.model_name != m) || tenant.as_ref().is_some_and(|t| &r.tenant_id != t)
+            {
+                continue;
             }
+            let info = infos.get(&r.listener);
+            let status = info.map_or(ListenerStatus::Failed, |i| i.status);
+            let last_error = info.and_then(|i| i.last_error.clone());
+            let key = (r.worker.instance_id, r.model_name.clone(), r.tenant_id.clone());
+            let v = views.entry(key).or_insert_with(|| WorkerView {
+                instance_id: r.worker.instance_id,
+                source: "zmq",
+                status,
+                block_size: self.registry.index(&r.model_name, &r.tenant_id).map_or(0, |h| h.index.block_size()),
+                routing_group: r.tenant_id.clone(),
+                model_name: r.model_name,
+                tenant_id: r.tenant_id,
+                endpoints: BTreeMap::new(),
+                listeners: BTreeMap::new(),
+            });
+            v.status = std::cmp::max_by_key(v.status, status, |&s| precedence(s));
+            v.endpoints.entry(r.worker.dp_rank).or_insert_with(|| r.endpoint.clone());
+            v.listeners.entry(r.worker.dp_rank).or_insert(ListenerView { endpoint: r.endpoint, status, last_error });
         }
-        s.out.clear();
-        codec::write_workers(&mut s.out, &views);
-        Reply::json(200)
+        json(s, &views.values().collect::<Vec<_>>())
     }
 
-    fn dump(&self, s: &mut Scratch) -> Reply {
-        let entries: Vec<DumpEntry> = self
-            .registry
-            .indexes()
-            .iter()
+    fn dump(&self, s: &mut Scratch) -> Answer {
+        let entries: Vec<DumpEntry> = (self.registry.indexes().iter())
             .map(|h| DumpEntry {
                 model_name: h.model_name.clone(),
                 tenant_id: h.tenant_id.clone(),
@@ -240,117 +217,89 @@ impl Api {
             .collect();
         s.out.clear();
         dump::write_dump(&mut s.out, &entries);
-        Reply::json(200)
+        Ok(Reply::json(200))
     }
 
-    fn peer(&self, body: &[u8], s: &mut Scratch, add: bool) -> Reply {
-        let url = match codec::parse_peer(body) {
-            Ok(p) => p.url,
-            Err(e) => return body_error(&mut s.out, e),
-        };
-        if add {
-            match self.peers.add(url.clone()) {
-                PeerAdded::Added => crate::info!("peer {url} registered"),
-                PeerAdded::AlreadyKnown => {}
-                PeerAdded::Full => {
-                    let m = format!("{PEERS_MAX} peers are registered already; deregister one first");
-                    return fail(&mut s.out, 409, &m);
-                }
+    fn peer(&self, body: &[u8], s: &mut Scratch, add: bool) -> Answer {
+        let url = codec::parse_peer(body)?.url;
+        if !add {
+            if !self.peers.remove(&url) {
+                return Err(Refusal(404, format!("peer {url} is not registered")));
             }
-            ok_status(&mut s.out);
-            Reply::json(201)
-        } else if self.peers.remove(&url) {
             crate::info!("peer {url} deregistered");
-            ok_status(&mut s.out);
-            Reply::json(200)
-        } else {
-            fail(&mut s.out, 404, &format!("peer {url} is not registered"))
+            return ok(s, 200);
         }
+        match self.peers.add(url.clone()) {
+            PeerAdded::Added => crate::info!("peer {url} registered"),
+            PeerAdded::AlreadyKnown => {}
+            PeerAdded::Full => {
+                return Err(Refusal(409, format!("{PEERS_MAX} peers are registered already; deregister one first")))
+            }
+        }
+        ok(s, 201)
     }
 
-    fn health(&self, s: &mut Scratch) -> Reply {
-        s.out.clear();
+    fn health(&self, s: &mut Scratch) -> Answer {
         match self.readiness.check(&self.registry) {
-            Ok(()) => {
-                ok_status(&mut s.out);
-                Reply::json(200)
-            }
+            Ok(()) => ok(s, 200),
             Err(why) => {
-                let body = serde_json::json!({"status": "starting", "reason": why});
-                s.out.extend_from_slice(body.to_string().as_bytes());
-                Reply::json(503)
+                json(s, &serde_json::json!({"status": "starting", "reason": why}))?;
+                Ok(Reply::json(503))
             }
         }
     }
 
-    fn reopen_logs(&self, s: &mut Scratch) -> Reply {
-        match self.access_log.as_ref().map_or(Ok(()), |log| log.reopen()) {
-            Ok(()) => {
-                ok_status(&mut s.out);
-                Reply::json(200)
-            }
-            Err(e) => {
-                crate::warn!("reopening the access log: {e}");
-                fail(&mut s.out, 500, &e)
-            }
+    fn reopen_logs(&self, s: &mut Scratch) -> Answer {
+        if let Err(e) = self.access_log.as_ref().map_or(Ok(()), |log| log.reopen()) {
+            crate::warn!("reopening the access log: {e}");
+            return Err(Refusal(500, e));
         }
+        ok(s, 200)
     }
 
-    fn metrics_text(&self, s: &mut Scratch) -> Reply {
+    fn metrics_text(&self, s: &mut Scratch) -> Answer {
         let mut p = Prom::default();
         self.metrics.render(&mut p);
         crate::state_metrics::render(&mut p, &self.registry, &self.readiness);
+        let refused = self.auth_refused.load(Ordering::Relaxed) as f64;
         p.single(
             "kv_indexer_auth_refused_total",
             "counter",
             "Mutating requests refused for a missing or wrong admin token.",
-            self.auth_refused.load(Ordering::Relaxed) as f64,
+            refused,
         );
         crate::process_metrics::render(&mut p);
         if let Some(log) = &self.access_log {
-            p.single(
-                "kv_indexer_access_log_dropped_total",
-                "counter",
-                "Access log lines dropped because the writer's queue was full.",
-                log.dropped() as f64,
-            );
+            let help = "Access log lines dropped because the writer's queue was full.";
+            p.single("kv_indexer_access_log_dropped_total", "counter", help, log.dropped() as f64);
         }
         s.out.clear();
         s.out.extend_from_slice(p.text.as_bytes());
-        Reply { status: 200, content_type: "text/plain; version=0.0.4", www_authenticate: None, allow: None }
+        Ok(Reply { status: 200, content_type: "text/plain; version=0.0.4", header: None })
     }
-}
 
-impl Handler for Api {
-    fn handle(&self, req: &Incoming<'_>, s: &mut Scratch) -> Reply {
-        let Incoming { route, method, path, query, body, authorization } = *req;
-        let Some(route) = route else {
-            return fail(&mut s.out, 404, &format!("no endpoint {path}"));
-        };
+    /// Checks the method and the admin token, then answers.
+    fn answer(&self, req: &Incoming<'_>, route: Route, s: &mut Scratch) -> Answer {
         let spec = route.spec();
-        if method != spec.method {
-            let mut reply = fail(&mut s.out, 405, &format!("{path} takes {}, not {method}", spec.method));
-            reply.allow = Some(spec.method);
-            return reply;
+        if req.method != spec.method {
+            let message = format!("{} takes {}, not {}", req.path, spec.method, req.method);
+            error_body(&mut s.out, &message);
+            return Ok(Reply { header: Some(format!("Allow: {}", spec.method)), ..Reply::json(405) });
         }
         if let (true, Some(token)) = (spec.mutating, &self.admin_token) {
-            if let Err(e) = token.check(authorization) {
+            if let Err(e) = token.check(req.authorization) {
                 self.auth_refused.fetch_add(1, Ordering::Relaxed);
-                let mut reply = fail(&mut s.out, 401, e.message());
-                reply.www_authenticate = Some(CHALLENGE);
-                return reply;
+                error_body(&mut s.out, e.message());
+                return Ok(Reply { header: Some(format!("WWW-Authenticate: {CHALLENGE}")), ..Reply::json(401) });
             }
         }
+        let body = req.body;
         match route {
             Route::Health => self.health(s),
             Route::Metrics => self.metrics_text(s),
-            Route::Workers => self.workers(query, s),
+            Route::Workers => self.workers(req.query, s),
             Route::Dump => self.dump(s),
-            Route::Peers => {
-                s.out.clear();
-                codec::write_peers(&mut s.out, &self.peers.list());
-                Reply::json(200)
-            }
+            Route::Peers => json(s, &self.peers.list()),
             Route::Register => self.register(body, s),
             Route::Unregister => self.unregister(body, s),
             Route::Query => self.query(body, s, false),
@@ -360,6 +309,26 @@ impl Handler for Api {
             Route::ReopenLogs => self.reopen_logs(s),
             Route::Routed => self.routed(body, s),
         }
+    }
+}
+
+/// `value` as the JSON body, with 200.
+fn json(s: &mut Scratch, value: &impl Serialize) -> Answer {
+    s.out.clear();
+    serde_json::to_writer(&mut s.out, value).map_err(|e| Refusal(500, e.to_string()))?;
+    Ok(Reply::json(200))
+}
+
+impl Handler for Api {
+    fn handle(&self, req: &Incoming<'_>, s: &mut Scratch) -> Reply {
+        let answer = match req.route {
+            Some(route) => self.answer(req, route, s),
+            None => Err(Refusal(404, format!("no endpoint {}", req.path))),
+        };
+        answer.unwrap_or_else(|Refusal(status, message)| {
+            error_body(&mut s.out, &message);
+            Reply::json(status)
+        })
     }
 }
 

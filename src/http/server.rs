@@ -3,30 +3,28 @@
 //! One accept thread per socket; each connection gets its own thread and a
 //! slot (up to `--http-connections-max`, past which a new connection is
 //! answered 503 and closed; `slots.rs`), which reads requests in turn
-//! (keep-alive), hands each to the `Handler`, and writes the reply. Time
-//! bounds every connection: it waits for a request at most
-//! `IDLE_TIMEOUT_MS` (a new one at most the head timeout), a request head
-//! must arrive within `--http-head-timeout-s` of its first byte and its body
-//! within `--http-body-timeout-s` of the head, else 408 and close: a slow
-//! or silent client cannot keep a slot. Each connection keeps its own
-//! scratch buffers, so a hot request allocates little. A panic in a handler
-//! becomes a 500 and is logged.
+//! (keep-alive; `conn.rs`), hands each to the `Handler`, and writes the
+//! reply in one write. Time bounds every connection: it waits for a request
+//! at most `IDLE_TIMEOUT_MS` (a new one at most the head timeout), a request
+//! head must arrive within `--http-head-timeout-s` of its first byte and its
+//! body within `--http-body-timeout-s` of the head, else 408 and close: a
+//! slow or silent client cannot keep a slot. Each connection keeps its own
+//! buffers, so a hot request allocates nothing once warm. A panic in a
+//! handler becomes a 500 and is logged.
 
 use super::access_log::{AccessLog, Record};
-use super::body::read_body;
+use super::conn::{Conn, Head, ReadError, Socket};
 use super::endpoints::{self, Route};
 use super::metrics::HttpMetrics;
-use super::request::{fill, read_head_traced, ReadError};
 use super::slots::Slots;
-use super::stream::Stream;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Default most open connections; more are answered 503 and closed.
 pub const CONNECTIONS_MAX: usize = 1024;
@@ -38,6 +36,8 @@ pub const HEAD_TIMEOUT_S_DEFAULT: u64 = 10;
 pub const BODY_TIMEOUT_S_DEFAULT: u64 = 60;
 /// Largest accepted request body by default, in bytes (a 1M-token /query is ~8 MB).
 pub const BODY_LIMIT_BYTES_DEFAULT: usize = 16 << 20;
+/// Stack of a connection thread (handlers are shallow).
+const CONNECTION_STACK_BYTES: usize = 256 * 1024;
 
 /// What bounds the HTTP front.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -63,21 +63,14 @@ impl Default for HttpLimits {
     }
 }
 
-/// After a refusal, what the client still sends is read and dropped for at
-/// most this long and this many bytes before the close, so the close does
-/// not reset the connection before the client has read the refusal.
-const LINGER_MS: u64 = 500;
-const LINGER_BYTES_MAX: usize = 64 * 1024;
-/// Stack of a connection thread (handlers are shallow).
-const CONNECTION_STACK_BYTES: usize = 256 * 1024;
-
 /// Per-thread buffers a handler may reuse across requests.
 #[derive(Default)]
 pub struct Scratch {
     pub tokens: Vec<u32>,
     pub hashes: Vec<u64>,
+    /// The reply's body.
     pub out: Vec<u8>,
-    /// The request's `model_name`, for the access log (reused buffer).
+    /// The model the request named, for the access log (reused buffer).
     model: String,
     has_model: bool,
 }
@@ -89,26 +82,20 @@ impl Scratch {
         self.model.push_str(model);
         self.has_model = true;
     }
-
-    /// The model the current request named, if any.
-    pub fn model(&self) -> Option<&str> {
-        self.has_model.then_some(self.model.as_str())
-    }
 }
 
 /// What to send back. The body is in `Scratch::out`.
 pub struct Reply {
     pub status: u16,
     pub content_type: &'static str,
-    /// A `WWW-Authenticate` challenge (with a 401).
-    pub www_authenticate: Option<&'static str>,
-    /// The methods an endpoint takes, as the `Allow` header (with a 405).
-    pub allow: Option<&'static str>,
+    /// An extra header line, without its CRLF (`WWW-Authenticate` with a
+    /// 401, `Allow` with a 405).
+    pub header: Option<String>,
 }
 
 impl Reply {
     pub const fn json(status: u16) -> Reply {
-        Reply { status, content_type: "application/json", www_authenticate: None, allow: None }
+        Reply { status, content_type: "application/json", header: None }
     }
 }
 
@@ -158,14 +145,13 @@ pub fn error_body(out: &mut Vec<u8>, message: &str) {
 
 fn reason(status: u16) -> &'static str {
     match status {
-        100 => "Continue",
         200 => "OK",
         201 => "Created",
         400 => "Bad Request",
         401 => "Unauthorized",
         404 => "Not Found",
-        408 => "Request Timeout",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
         409 => "Conflict",
         413 => "Payload Too Large",
         422 => "Unprocessable Entity",
@@ -176,40 +162,17 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Writes a reply announcing `length` body bytes, then `body`.
-fn write_reply(
-    w: &mut Stream,
-    reply: &Reply,
-    length: usize,
-    body: &[u8],
-    close: bool,
-    head_buf: &mut Vec<u8>,
-) -> std::io::Result<()> {
-    head_buf.clear();
-    let _ = write!(
-        head_buf,
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n",
-        reply.status,
-        reason(reply.status),
-        reply.content_type,
-        length
-    );
-    if let Some(challenge) = reply.www_authenticate {
-        let _ = write!(head_buf, "WWW-Authenticate: {challenge}\r\n");
+/// Writes a reply announcing `length` body bytes, then `body`, in one write.
+fn write_reply(w: &mut dyn Write, reply: &Reply, length: usize, body: &[u8], close: bool, buf: &mut Vec<u8>) -> bool {
+    buf.clear();
+    let (status, kind) = (reply.status, reply.content_type);
+    let _ = write!(buf, "HTTP/1.1 {status} {}\r\nContent-Type: {kind}\r\nContent-Length: {length}\r\n", reason(status));
+    if let Some(h) = &reply.header {
+        let _ = write!(buf, "{h}\r\n");
     }
-    if let Some(methods) = reply.allow {
-        let _ = write!(head_buf, "Allow: {methods}\r\n");
-    }
-    head_buf.extend_from_slice(if close { b"Connection: close\r\n\r\n" } else { b"\r\n" });
-    // One write for small replies: no delayed second segment.
-    if body.len() <= 64 * 1024 {
-        head_buf.extend_from_slice(body);
-        w.write_all(head_buf)?;
-    } else {
-        w.write_all(head_buf)?;
-        w.write_all(body)?;
-    }
-    w.flush()
+    buf.extend_from_slice(if close { b"Connection: close\r\n\r\n" } else { b"\r\n" });
+    buf.extend_from_slice(body);
+    w.write_all(buf).is_ok()
 }
 
 impl HttpServer {
@@ -228,69 +191,37 @@ impl HttpServer {
         } else {
             format!("{host}:{port}")
         };
-        let tcp = TcpListener::bind(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let tcp_addr = tcp.local_addr().map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let unix = match unix_socket {
-            Some(path) => {
-                // A stale socket file from an earlier run would make bind fail.
-                if std::fs::symlink_metadata(path).is_ok_and(|m| {
-                    use std::os::unix::fs::FileTypeExt;
-                    m.file_type().is_socket()
-                }) {
-                    let _ = std::fs::remove_file(path);
-                }
-                Some(
-                    UnixListener::bind(path)
-                        .map_err(|e| format!("cannot listen on unix socket {}: {e}", path.display()))?,
-                )
+        let cannot = |e: std::io::Error| format!("cannot listen on {addr}: {e}");
+        let tcp = TcpListener::bind(&addr).map_err(cannot)?;
+        let tcp_addr = tcp.local_addr().map_err(cannot)?;
+        let slots = Slots::new(limits.connections_max);
+        let s = Arc::new(Shared { handler, metrics, access_log, limits, stop: AtomicBool::new(false), slots });
+        let s2 = s.clone();
+        let mut accepters = vec![spawn("http-accept", move || {
+            accept(&s2, tcp.incoming(), |c: &TcpStream| {
+                c.set_nodelay(true)?;
+                c.set_write_timeout(Some(Duration::from_millis(IDLE_TIMEOUT_MS)))?;
+                c.try_clone()
+            })
+        })?];
+        if let Some(path) = unix_socket {
+            // A stale socket file from an earlier run would make bind fail.
+            if std::fs::symlink_metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+            {
+                let _ = std::fs::remove_file(path);
             }
-            None => None,
-        };
-        let shared = Arc::new(Shared {
-            handler,
-            metrics,
-            access_log,
-            limits,
-            stop: AtomicBool::new(false),
-            slots: Slots::new(limits.connections_max),
-        });
-        let mut accepters = Vec::new();
-        let s = shared.clone();
-        accepters.push(spawn("http-accept", move || {
-            for conn in tcp.incoming() {
-                if s.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                match conn {
-                    Ok(c) => {
-                        let _ = c.set_nodelay(true);
-                        admit(&s, Stream::tcp(c));
-                    }
-                    Err(e) => accept_failed(&e),
-                }
-            }
-        })?);
-        if let Some(unix) = unix {
-            let s = shared.clone();
+            let unix = UnixListener::bind(path)
+                .map_err(|e| format!("cannot listen on unix socket {}: {e}", path.display()))?;
+            let s2 = s.clone();
             accepters.push(spawn("http-accept-unix", move || {
-                for conn in unix.incoming() {
-                    if s.stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    match conn {
-                        Ok(c) => admit(&s, Stream::unix(c)),
-                        Err(e) => accept_failed(&e),
-                    }
-                }
+                accept(&s2, unix.incoming(), |c: &UnixStream| {
+                    c.set_write_timeout(Some(Duration::from_millis(IDLE_TIMEOUT_MS)))?;
+                    c.try_clone()
+                })
             })?);
         }
-        Ok(HttpServer {
-            shared,
-            accepters,
-            tcp_addr,
-            unix_path: unix_socket.map(Path::to_path_buf),
-            local_port: Some(tcp_addr.port()),
-        })
+        let unix_path = unix_socket.map(Path::to_path_buf);
+        Ok(HttpServer { shared: s, accepters, tcp_addr, unix_path, local_port: Some(tcp_addr.port()) })
     }
 
     /// Stops accepting, closes every connection, and joins the accept threads.
@@ -312,30 +243,43 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>
     std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| format!("cannot start {name}: {e}"))
 }
 
-fn accept_failed(e: &std::io::Error) {
-    // Out of file descriptors and the like: say so, back off, keep serving.
-    crate::warn!("accepting an HTTP connection failed: {e}");
-    std::thread::sleep(Duration::from_millis(50));
+/// Accepts connections until the server stops; `setup` prepares one and
+/// returns the handle `Slots::close_all` shuts down.
+fn accept<S: Socket + 'static>(
+    s: &Arc<Shared>,
+    incoming: impl Iterator<Item = std::io::Result<S>>,
+    setup: impl Fn(&S) -> std::io::Result<S>,
+) {
+    for conn in incoming {
+        if s.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match conn.and_then(|c| setup(&c).map(|watch| (c, watch))) {
+            Ok((c, watch)) => admit(s, c, watch),
+            Err(e) => {
+                // Out of file descriptors and the like: say so, back off, keep serving.
+                crate::warn!("accepting an HTTP connection failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
 }
 
 /// Starts a connection thread, or refuses the connection when too many are open.
-fn admit(s: &Arc<Shared>, mut conn: Stream) {
+fn admit<S: Socket + 'static>(s: &Arc<Shared>, mut conn: S, watch: S) {
     let Some(slot) = s.slots.take() else {
-        let _ = conn.set_write_timeout(Duration::from_millis(100));
         let mut out = Vec::new();
         error_body(&mut out, "too many open connections; retry later");
-        let _ = write_reply(&mut conn, &Reply::json(503), out.len(), &out, true, &mut Vec::new());
+        write_reply(&mut conn, &Reply::json(503), out.len(), &out, true, &mut Vec::new());
         return;
     };
-    if let Ok(c) = conn.try_clone() {
-        slot.watch(c);
-    }
+    slot.watch(Box::new(watch));
     let s2 = s.clone();
     let started =
         std::thread::Builder::new().name("http-conn".into()).stack_size(CONNECTION_STACK_BYTES).spawn(move || {
             // Dropped however the thread ends: the slot comes back.
             let _slot = slot;
-            serve(&s2, conn);
+            serve(&s2, Conn::new(conn));
         });
     if let Err(e) = started {
         // The closure, slot included, is dropped with the error.
@@ -344,91 +288,75 @@ fn admit(s: &Arc<Shared>, mut conn: Stream) {
 }
 
 /// Serves one connection until it closes, errs, times out, or the server stops.
-fn serve(s: &Shared, conn: Stream) {
+fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
     let idle = Duration::from_millis(IDLE_TIMEOUT_MS);
     let head_timeout = Duration::from_secs(s.limits.head_timeout_s);
     let body_timeout = Duration::from_secs(s.limits.body_timeout_s);
-    let _ = conn.set_write_timeout(idle);
-    let Ok(mut writer) = conn.try_clone() else { return };
-    let mut reader = BufReader::with_capacity(16 * 1024, conn);
     let mut scratch = Scratch::default();
-    let (mut body, mut line, mut head_buf) = (Vec::new(), Vec::new(), Vec::new());
+    let mut head_buf = Vec::new();
     // A new connection must start its first request within the head timeout.
     let mut first_byte = head_timeout;
     let trace_header = s.access_log.as_ref().map(|l| l.trace_id_header());
     while !s.stop.load(Ordering::Relaxed) {
-        let mut head = match read_head_traced(&mut reader, &mut line, first_byte, head_timeout, trace_header) {
+        let mut head = match conn.read_head(first_byte, head_timeout, trace_header) {
             Ok(h) => h,
-            Err(ReadError::Closed) | Err(ReadError::Io(_)) => return,
+            Err(ReadError::Closed | ReadError::Io(_)) => return,
             Err(e) => {
-                refuse(&mut writer, &e, &mut scratch, &mut head_buf);
-                return linger(&writer, &mut reader);
+                refuse(&mut conn.sock, &e, &mut scratch, &mut head_buf);
+                return conn.linger();
             }
         };
         first_byte = idle;
         let started = Instant::now();
-        let wall = s.access_log.as_ref().map(|_| std::time::SystemTime::now());
+        let wall = s.access_log.as_ref().map(|_| SystemTime::now());
         scratch.has_model = false;
-        let (path, query) = head.target.split_once('?').unwrap_or((head.target.as_str(), ""));
+        let target = std::mem::take(&mut head.target);
+        let (path, query) = target.split_once('?').unwrap_or((&target, ""));
         let route = endpoints::route_of(path);
-        let limit = s.limits.body_limit_bytes;
-        if let Err(e) = read_body(&mut reader, &mut writer, &head, limit, started + body_timeout, &mut body, &mut line)
-        {
-            if let ReadError::Io(_) = e {
-                return;
+        let body = match conn.read_body(&head, s.limits.body_limit_bytes, started + body_timeout) {
+            Ok(body) => body,
+            Err(ReadError::Io(_)) => return,
+            Err(e) => {
+                let status = refuse(&mut conn.sock, &e, &mut scratch, &mut head_buf);
+                finish(s, wall, &mut head, route, None, status, started);
+                return conn.linger();
             }
-            let status = refuse(&mut writer, &e, &mut scratch, &mut head_buf);
-            s.metrics.record(route, &head.method, status, started.elapsed());
-            log_access(s, wall, &mut head, route, None, status, started);
-            return linger(&writer, &mut reader);
-        }
-        let incoming = Incoming {
-            route,
-            method: &head.method,
-            path,
-            query,
-            body: &body,
-            authorization: head.authorization.as_deref(),
         };
+        let authorization = head.authorization.as_deref();
+        let incoming = Incoming { route, method: &head.method, path, query, body, authorization };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.handler.handle(&incoming, &mut scratch)));
-        let reply = match run {
-            Ok(r) => r,
-            Err(_) => {
-                crate::error!("internal error handling {} {path}; the request was refused", head.method);
-                scratch = Scratch::default();
-                error_body(&mut scratch.out, "internal error");
-                Reply::json(500)
-            }
-        };
+        let reply = run.unwrap_or_else(|_| {
+            crate::error!("internal error handling {} {path}; the request was refused", head.method);
+            scratch = Scratch::default();
+            error_body(&mut scratch.out, "internal error");
+            Reply::json(500)
+        });
         let close = head.close || s.stop.load(Ordering::Relaxed);
         // A reply to HEAD announces its body's length but sends none.
-        let body_out = if head.method == "HEAD" { &[][..] } else { &scratch.out[..] };
-        let written = write_reply(&mut writer, &reply, scratch.out.len(), body_out, close, &mut head_buf);
-        s.metrics.record(route, &head.method, reply.status, started.elapsed());
-        log_access(s, wall, &mut head, route, scratch.model(), reply.status, started);
+        let sent = if head.method == "HEAD" { &[][..] } else { &scratch.out[..] };
+        let written = write_reply(&mut conn.sock, &reply, scratch.out.len(), sent, close, &mut head_buf);
+        finish(s, wall, &mut head, route, scratch.has_model.then_some(scratch.model.as_str()), reply.status, started);
         // Keep one huge reply (a dump) from pinning memory in this thread.
         if scratch.out.capacity() > 1 << 20 {
             scratch.out = Vec::new();
         }
-        if body.capacity() > 1 << 20 {
-            body = Vec::new();
-        }
-        if written.is_err() || close {
+        if !written || close {
             return;
         }
     }
 }
 
-/// Queues the request's access log line, if there is an access log.
-fn log_access(
+/// Counts an answered request and queues its access log line, if any.
+fn finish(
     s: &Shared,
-    wall: Option<std::time::SystemTime>,
-    head: &mut super::request::Head,
+    wall: Option<SystemTime>,
+    head: &mut Head,
     route: Option<Route>,
     model: Option<&str>,
     status: u16,
     started: Instant,
 ) {
+    s.metrics.record(route, &head.method, status, started.elapsed());
     let (Some(log), Some(at)) = (&s.access_log, wall) else { return };
     log.record(Record {
         at,
@@ -443,7 +371,7 @@ fn log_access(
 }
 
 /// Answers a request that could not be read, and returns its status.
-fn refuse(w: &mut Stream, e: &ReadError, scratch: &mut Scratch, head_buf: &mut Vec<u8>) -> u16 {
+fn refuse(w: &mut dyn Write, e: &ReadError, scratch: &mut Scratch, head_buf: &mut Vec<u8>) -> u16 {
     let (status, message) = match e {
         ReadError::Bad(why) => (400, format!("malformed HTTP request: {why}")),
         ReadError::HeadTooLarge => (431, "request headers too large".to_string()),
@@ -456,24 +384,6 @@ fn refuse(w: &mut Stream, e: &ReadError, scratch: &mut Scratch, head_buf: &mut V
         ReadError::Closed | ReadError::Io(_) => return 0,
     };
     error_body(&mut scratch.out, &message);
-    let _ = write_reply(w, &Reply::json(status), scratch.out.len(), &scratch.out, true, head_buf);
+    write_reply(w, &Reply::json(status), scratch.out.len(), &scratch.out, true, head_buf);
     status
-}
-
-/// Ends a refused connection: no more writes, then whatever the client
-/// still sends (bounded) is read and dropped until it closes.
-fn linger(writer: &Stream, reader: &mut BufReader<Stream>) {
-    writer.shutdown_write();
-    let deadline = Instant::now() + Duration::from_millis(LINGER_MS);
-    let mut left = LINGER_BYTES_MAX;
-    while left > 0 {
-        match fill(reader, deadline) {
-            Ok([]) | Err(_) => return,
-            Ok(bytes) => {
-                let n = bytes.len().min(left);
-                reader.consume(n);
-                left -= n;
-            }
-        }
-    }
 }

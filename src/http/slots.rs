@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::stream::Stream;
+use super::conn::Socket;
 
 /// Every slot of one server, and the open connections, so a stop can close them.
 pub struct Slots {
     max: usize,
     open: AtomicUsize,
     next_id: AtomicU64,
-    conns: Mutex<HashMap<u64, Stream>>,
+    conns: Mutex<HashMap<u64, Box<dyn Socket>>>,
 }
 
 /// One open connection's slot; given back when dropped.
@@ -49,14 +49,14 @@ impl Slots {
     /// Shuts every open connection down (their threads then see the end).
     pub fn close_all(&self) {
         for (_, c) in self.conns.lock().drain() {
-            c.shutdown();
+            c.shutdown(std::net::Shutdown::Both);
         }
     }
 }
 
 impl Slot {
     /// Keeps a handle to the slot's connection, for `close_all`.
-    pub fn watch(&self, conn: Stream) {
+    pub fn watch(&self, conn: Box<dyn Socket>) {
         self.slots.conns.lock().insert(self.id, conn);
     }
 }

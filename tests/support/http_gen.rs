@@ -5,7 +5,7 @@
 //! invalid values and name spellings; chunk sizes with leading zeros, case,
 //! extensions and sizes near and past 2^64; trailers), pipelines up to three
 //! requests, and says for each what the framing must conclude, by the rules
-//! of `src/http/request.rs` restated here independently. A share of cases is
+//! of `src/http/conn.rs` restated here independently. A share of cases is
 //! then mutated (bytes flipped, dictionary tokens inserted, ranges deleted
 //! or repeated, truncation), for which only "no panic, no body past the
 //! limit" is known.

@@ -10,16 +10,17 @@
 //! only ever sees requests it can act on. Field names and optionality
 //! follow Dynamo's request structs.
 
-use super::problems::{tenant, Problems};
-use super::{BodyError, CONTROL_BODY_BYTES_MAX};
+use super::{check_size, tenant, BodyError, Problems, CONTROL_BODY_BYTES_MAX};
 use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
 use crate::ingest::BLOCK_SIZE_MAX;
 use crate::registry::NAME_BYTES_MAX;
-use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-/// `POST /register`: one (instance, dp_rank) listener.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `POST /register`: one (instance, dp_rank) listener. Both spellings of
+/// the tenant and of the salt are read as fields of their own, so that two
+/// that agree are accepted; `parse_register` merges them.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct RegisterRequest {
     pub instance_id: u64,
     /// A validated ZMQ endpoint (`tcp://host:port` or `ipc://path`).
@@ -35,138 +36,88 @@ pub struct RegisterRequest {
     pub replay_endpoint: Option<String>,
     /// Also accepted as `additionalsalt`.
     pub additional_salt: Option<String>,
+    routing_group: Option<String>,
+    additionalsalt: Option<String>,
 }
 
 /// `POST /unregister`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct UnregisterRequest {
     pub instance_id: u64,
     pub model_name: String,
-    /// None: every tenant.
+    /// Also accepted as `routing_group`. None: every tenant.
     pub tenant_id: Option<String>,
     /// None: every rank.
     pub dp_rank: Option<u32>,
+    routing_group: Option<String>,
 }
 
 /// `POST /register_peer` and `POST /deregister_peer`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct PeerRequest {
     /// `http://host:port`, without a trailing slash.
     pub url: String,
 }
 
-/// `/register` as sent: both spellings of the tenant and of the salt are
-/// fields of their own, so that two that agree are accepted.
-#[derive(Deserialize)]
-struct RegisterBody {
-    instance_id: u64,
-    endpoint: String,
-    model_name: String,
-    block_size: u32,
-    tenant_id: Option<String>,
-    routing_group: Option<String>,
-    dp_rank: Option<u32>,
-    replay_endpoint: Option<String>,
-    additional_salt: Option<String>,
-    additionalsalt: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct UnregisterBody {
-    instance_id: u64,
-    model_name: String,
-    tenant_id: Option<String>,
-    routing_group: Option<String>,
-    dp_rank: Option<u32>,
-}
-
-#[derive(Deserialize)]
-struct PeerBody {
-    url: String,
-}
-
 /// Reads a control body into `T`, syntax first (see the module doc);
 /// `what` names the fields expected when the body is not an object.
 fn read<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, BodyError> {
-    if body.len() > CONTROL_BODY_BYTES_MAX {
-        return Err(BodyError::Invalid(format!(
-            "request body is {} bytes; the limit is {CONTROL_BODY_BYTES_MAX}",
-            body.len()
-        )));
-    }
-    let text = std::str::from_utf8(body).map_err(|e| BodyError::Malformed(format!("the body is not UTF-8: {e}")))?;
-    serde_json::from_str::<IgnoredAny>(text).map_err(|e| BodyError::Malformed(e.to_string()))?;
+    check_size(body, CONTROL_BODY_BYTES_MAX)?;
+    super::json::check(body).map_err(BodyError::Malformed)?;
     // A derived struct also reads a JSON array, positionally; only objects are bodies.
-    if !text.trim_start().starts_with('{') {
+    if !body.trim_ascii_start().starts_with(b"{") {
         return Err(BodyError::Unprocessable(format!("the body must be a JSON object ({what})")));
     }
-    serde_json::from_str(text).map_err(|e| BodyError::Unprocessable(e.to_string()))
-}
-
-/// `Invalid` when `name`'s value is longer than `NAME_BYTES_MAX`.
-fn check_len(value: Option<&str>, name: &str, problems: &mut Problems) {
-    if value.is_some_and(|v| v.len() > NAME_BYTES_MAX) {
-        problems.invalid(|| format!("`{name}` is longer than {NAME_BYTES_MAX} bytes"));
-    }
+    serde_json::from_slice(body).map_err(|e| BodyError::Unprocessable(e.to_string()))
 }
 
 /// Parses a `/register` body. A `block_size` outside 1..=BLOCK_SIZE_MAX, a
 /// bad endpoint or an over-long name is Invalid (400).
 pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, BodyError> {
-    let b: RegisterBody = read(body, "instance_id, endpoint, model_name, block_size, ...")?;
+    let mut r: RegisterRequest = read(body, "instance_id, endpoint, model_name, block_size, ...")?;
     let mut p = Problems::default();
-    if let Err(m) = validate_zmq_endpoint(&b.endpoint) {
+    if let Err(m) = validate_zmq_endpoint(&r.endpoint) {
         p.invalid(|| m);
     }
-    if let Some(Err(m)) = b.replay_endpoint.as_deref().map(validate_zmq_endpoint) {
+    if let Some(Err(m)) = r.replay_endpoint.as_deref().map(validate_zmq_endpoint) {
         p.invalid(|| format!("`replay_endpoint`: {m}"));
     }
-    if b.block_size == 0 || b.block_size > BLOCK_SIZE_MAX {
-        p.invalid(|| format!("`block_size` must be in 1..={BLOCK_SIZE_MAX}, got {}", b.block_size));
+    if r.block_size == 0 || r.block_size > BLOCK_SIZE_MAX {
+        p.invalid(|| format!("`block_size` must be in 1..={BLOCK_SIZE_MAX}, got {}", r.block_size));
     }
-    check_len(Some(&b.model_name), "model_name", &mut p);
-    check_len(b.tenant_id.as_deref(), "tenant_id", &mut p);
-    check_len(b.routing_group.as_deref(), "routing_group", &mut p);
-    check_len(b.additional_salt.as_deref(), "additional_salt", &mut p);
-    check_len(b.additionalsalt.as_deref(), "additionalsalt", &mut p);
-    let additional_salt = match (b.additional_salt, b.additionalsalt) {
-        (Some(a), Some(c)) if a != c => {
-            p.invalid(|| {
-                "`additional_salt` and `additionalsalt` name the same field and disagree; send one".to_string()
-            });
-            None
+    let names = [Some(&r.model_name), r.tenant_id.as_ref(), r.routing_group.as_ref()];
+    let salts = [r.additional_salt.as_ref(), r.additionalsalt.as_ref()];
+    let labels = ["model_name", "tenant_id", "routing_group", "additional_salt", "additionalsalt"];
+    for (value, name) in names.into_iter().chain(salts).zip(labels) {
+        if value.is_some_and(|v| v.len() > NAME_BYTES_MAX) {
+            p.invalid(|| format!("`{name}` is longer than {NAME_BYTES_MAX} bytes"));
         }
-        (a, c) => a.or(c),
-    };
-    let tenant_id = tenant(b.tenant_id, b.routing_group, &mut p);
+    }
+    if let (Some(a), Some(c)) = (&r.additional_salt, &r.additionalsalt) {
+        if a != c {
+            p.invalid(|| "`additional_salt` and `additionalsalt` name the same field and disagree; send one".into());
+        }
+    }
+    r.additional_salt = r.additional_salt.or(r.additionalsalt.take());
+    r.tenant_id = tenant(r.tenant_id, r.routing_group.take(), &mut p);
     p.result()?;
-    Ok(RegisterRequest {
-        instance_id: b.instance_id,
-        endpoint: b.endpoint,
-        model_name: b.model_name,
-        block_size: b.block_size,
-        tenant_id,
-        dp_rank: b.dp_rank,
-        replay_endpoint: b.replay_endpoint,
-        additional_salt,
-    })
+    Ok(r)
 }
 
 /// Parses an `/unregister` body.
 pub fn parse_unregister(body: &[u8]) -> Result<UnregisterRequest, BodyError> {
-    let b: UnregisterBody = read(body, "instance_id, model_name, ...")?;
+    let mut r: UnregisterRequest = read(body, "instance_id, model_name, ...")?;
     let mut p = Problems::default();
-    let tenant_id = tenant(b.tenant_id, b.routing_group, &mut p);
+    r.tenant_id = tenant(r.tenant_id, r.routing_group.take(), &mut p);
     p.result()?;
-    Ok(UnregisterRequest { instance_id: b.instance_id, model_name: b.model_name, tenant_id, dp_rank: b.dp_rank })
+    Ok(r)
 }
 
 /// Parses a `/register_peer` or `/deregister_peer` body; the url must be
 /// `http://host:port` (a trailing `/` is dropped).
 pub fn parse_peer(body: &[u8]) -> Result<PeerRequest, BodyError> {
-    let b: PeerBody = read(body, "url")?;
-    let url = validate_peer_url(&b.url).map_err(BodyError::Invalid)?;
-    Ok(PeerRequest { url })
+    let r: PeerRequest = read(body, "url")?;
+    Ok(PeerRequest { url: validate_peer_url(&r.url).map_err(BodyError::Invalid)? })
 }
 
 #[cfg(test)]
@@ -201,6 +152,8 @@ mod tests {
                 dp_rank: Some(3),
                 replay_endpoint: Some("tcp://127.0.0.1:5560".into()),
                 additional_salt: Some("s".into()),
+                routing_group: None,
+                additionalsalt: None,
             }
         );
         let r = parse_register(
@@ -228,6 +181,9 @@ mod tests {
             (base(r#","additional_salt":"a","additionalsalt":"b""#), "invalid"),
             (base(r#","replay_endpoint":"tcp://*:5""#), "invalid"),
             (base(r#","replay_endpoint":5"#), "unprocessable"),
+            // Unknown members are held to the same rules as the hot bodies.
+            (base(r#","x":1e400"#), "malformed"),
+            (base(r#","x":"\ud800""#), "malformed"),
             (base(&format!(r#","tenant_id":"{}""#, "t".repeat(NAME_BYTES_MAX + 1))), "invalid"),
             (r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":0}"#.into(), "invalid"),
             (r#"{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":1048577}"#.into(), "invalid"),
@@ -262,7 +218,14 @@ mod tests {
     #[test]
     fn unregister_fields() {
         let r = parse_unregister(br#"{"instance_id":7,"model_name":"m"}"#).unwrap();
-        assert_eq!(r, UnregisterRequest { instance_id: 7, model_name: "m".into(), tenant_id: None, dp_rank: None });
+        let want = UnregisterRequest {
+            instance_id: 7,
+            model_name: "m".into(),
+            tenant_id: None,
+            dp_rank: None,
+            routing_group: None,
+        };
+        assert_eq!(r, want);
         let r = parse_unregister(br#"{"instance_id":7,"model_name":"m","routing_group":"g","dp_rank":2}"#).unwrap();
         assert_eq!(r.tenant_id.as_deref(), Some("g"));
         assert_eq!(r.dp_rank, Some(2));

@@ -2,20 +2,17 @@
 //!
 //! Why it exists: a `/query` of 800 blocks carries 12,800 token ids, and
 //! parsing them through serde, then building the response through maps,
-//! costs more CPU than the index lookup itself. The two hot bodies, `/query`
-//! and `/query_by_hash`, are read by a small strict scanner (`scan`) that
-//! walks the top-level object once, decodes only the fields it knows and
-//! appends the ids straight into a caller's reusable buffer (token arrays
-//! of the usual shape through a mask-driven fast path, `fast`): 40 us for
-//! the 800-block body against 173 us for the leanest serde derive
-//! (borrowed strings; `cargo bench --bench http_codec`). Every other body
-//! is cold and goes through serde derive (`control`). Responses are written
-//! straight into a caller's `Vec<u8>` (`response`, `workers`, with
-//! `crate::json`'s primitives). The `/dump` format is `crate::dump`'s.
-//!
-//! Files: `scan` (JSON grammar), `fast` (token arrays), `problems` (error
-//! classes), `query` and `control` (request bodies), `response` and
-//! `workers` (replies). Address syntax is checked by `crate::endpoint`.
+//! costs more CPU than the index lookup itself. So the ids of the two hot
+//! bodies, `/query` and `/query_by_hash`, go straight into a caller's
+//! reusable buffer through one small scanner (`ids`, token arrays of the
+//! usual shape converted several at a time), while everything else in those
+//! bodies (keys, names, unknown members, odd elements) is read by serde_json
+//! one value at a time (`json`, `query`). `cargo bench --bench http_codec`
+//! measures it against a typed serde parse, with and without a raw value
+//! for the token list. Every other body is cold and goes through serde
+//! derive (`control`). Responses are written straight into a caller's
+//! `Vec<u8>` (`response`, with `crate::json`'s primitives). The `/dump`
+//! format is `crate::dump`'s; address syntax is `crate::endpoint`'s.
 //!
 //! Rules every parser here follows:
 //! - The body must be one well-formed JSON value (RFC 8259, UTF-8, no
@@ -39,20 +36,15 @@
 //! Writers append to `out` and never clear it.
 
 mod control;
-mod fast;
-mod problems;
+mod ids;
+mod json;
 mod query;
 mod response;
-mod scan;
-mod workers;
 
-pub use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
-pub(crate) use crate::json::out::push_str;
 pub use crate::json::BodyError;
 pub use control::{parse_peer, parse_register, parse_unregister, PeerRequest, RegisterRequest, UnregisterRequest};
 pub use query::{parse_query, parse_query_by_hash, QueryRequest};
 pub use response::{write_error, write_query_response, write_query_response_predicted, write_status_ok};
-pub use workers::{aggregate_status, write_peers, write_workers, WorkerInfo, WorkerListener};
 
 /// Deepest nesting of arrays and objects accepted in a body; the top-level
 /// object is level 1. Equal to serde_json's limit, so both agree on what is
@@ -67,3 +59,52 @@ pub const QUERY_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// Largest body accepted by the small control endpoints (register,
 /// unregister, peers).
 pub const CONTROL_BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// Type and value problems found in a body, kept by class so the class
+/// reported does not depend on field order; a syntax error is returned at
+/// once instead, since it outranks both.
+#[derive(Default)]
+struct Problems {
+    unprocessable: Option<String>,
+    invalid: Option<String>,
+}
+
+impl Problems {
+    fn unprocessable(&mut self, message: impl FnOnce() -> String) {
+        self.unprocessable.get_or_insert_with(message);
+    }
+
+    fn invalid(&mut self, message: impl FnOnce() -> String) {
+        self.invalid.get_or_insert_with(message);
+    }
+
+    /// The outcome once the whole body was read without a syntax error.
+    fn result(self) -> Result<(), BodyError> {
+        match (self.unprocessable, self.invalid) {
+            (Some(m), _) => Err(BodyError::Unprocessable(m)),
+            (None, Some(m)) => Err(BodyError::Invalid(m)),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+/// Refuses a body longer than `max` before reading it.
+fn check_size(body: &[u8], max: usize) -> Result<(), BodyError> {
+    if body.len() > max {
+        return Err(BodyError::Invalid(format!("request body is {} bytes; the limit is {max}", body.len())));
+    }
+    Ok(())
+}
+
+/// Merges the two spellings of the tenant: both given must agree.
+fn tenant<T: AsRef<str>>(tenant_id: Option<T>, routing_group: Option<T>, problems: &mut Problems) -> Option<T> {
+    if let (Some(t), Some(g)) = (&tenant_id, &routing_group) {
+        if t.as_ref() != g.as_ref() {
+            let (t, g) = (t.as_ref(), g.as_ref());
+            problems.invalid(|| {
+                format!("`tenant_id` ({t:?}) and `routing_group` ({g:?}) name the same field and disagree; send one")
+            });
+        }
+    }
+    tenant_id.or(routing_group)
+}

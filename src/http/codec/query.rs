@@ -1,19 +1,19 @@
 //! `/query` and `/query_by_hash` bodies: the hot path.
 //!
-//! One pass over the body with `scan`: the id array goes straight into the
-//! caller's reusable buffer, names borrow from the body. Field rules follow
-//! Dynamo's request structs: `model_name` and the id array are required;
-//! the tenant may be spelled `tenant_id` or `routing_group` (if both are
-//! given they must agree); `lora_name` and `cache_salt` are optional
-//! strings. `/query_by_hash` refuses a non-null `cache_salt` (400, as
-//! Dynamo does: the hashes must already include it) and ignores `lora_name`.
-//! `include_unmatched` (ours; a boolean, default false) asks for every
-//! registered worker in the answer, with zeros where nothing matched.
+//! One walk over the body (`json`): the id array goes straight into the
+//! caller's reusable buffer (`ids`), names borrow from the body. Field
+//! rules follow Dynamo's request structs: `model_name` and the id array are
+//! required; the tenant may be spelled `tenant_id` or `routing_group` (if
+//! both are given they must agree); `lora_name` and `cache_salt` are
+//! optional strings. `/query_by_hash` refuses a non-null `cache_salt` (400,
+//! as Dynamo does: the hashes must already include it) and ignores
+//! `lora_name`. `include_unmatched` (ours; a boolean, default false) asks
+//! for every registered worker in the answer, with zeros where nothing
+//! matched.
 
-use super::fast::plain_u32_prefix;
-use super::problems::{finish, tenant, Problems};
-use super::scan::{Num, Scan};
-use super::{BodyError, QUERY_BODY_BYTES_MAX};
+use super::ids::{read_ids, Id};
+use super::json::{Json, Walk};
+use super::{check_size, tenant, BodyError, Problems, QUERY_BODY_BYTES_MAX};
 use std::borrow::Cow;
 
 /// The names of a `/query` or `/query_by_hash` request; the ids go to the
@@ -34,155 +34,86 @@ pub struct QueryRequest<'a> {
 /// anything else is 422) are appended to `tokens`, which is cleared first
 /// and holds no meaningful content if an error is returned.
 pub fn parse_query<'a>(body: &'a [u8], tokens: &mut Vec<u32>) -> Result<QueryRequest<'a>, BodyError> {
-    tokens.clear();
-    parse(body, Ids::Tokens(tokens))
+    parse(body, tokens)
 }
 
 /// Parses a `/query_by_hash` body. `block_hashes` (each an integer in
 /// [-2^63, 2^64); negatives are taken as two's complement) are appended to
 /// `hashes`, which is cleared first.
 pub fn parse_query_by_hash<'a>(body: &'a [u8], hashes: &mut Vec<u64>) -> Result<QueryRequest<'a>, BodyError> {
-    hashes.clear();
-    parse(body, Ids::Hashes(hashes))
+    parse(body, hashes)
 }
 
-enum Ids<'v> {
-    Tokens(&'v mut Vec<u32>),
-    Hashes(&'v mut Vec<u64>),
-}
+/// The known fields, in the order of their bits in `seen`.
+const FIELDS: [&str; 7] =
+    ["model_name", "tenant_id", "routing_group", "lora_name", "cache_salt", "include_unmatched", "ids"];
 
-const MODEL_NAME: u32 = 1 << 0;
-const TENANT_ID: u32 = 1 << 1;
-const ROUTING_GROUP: u32 = 1 << 2;
-const LORA_NAME: u32 = 1 << 3;
-const CACHE_SALT: u32 = 1 << 4;
-const IDS: u32 = 1 << 5;
-const INCLUDE_UNMATCHED: u32 = 1 << 6;
-
-fn parse<'a>(body: &'a [u8], mut ids: Ids<'_>) -> Result<QueryRequest<'a>, BodyError> {
-    if body.len() > QUERY_BODY_BYTES_MAX {
-        return Err(BodyError::Invalid(format!(
-            "request body is {} bytes; the limit is {QUERY_BODY_BYTES_MAX}",
-            body.len()
-        )));
-    }
-    let by_hash = matches!(ids, Ids::Hashes(_));
-    let ids_name = if by_hash { "block_hashes" } else { "token_ids" };
-    let mut problems = Problems::default();
+fn parse<'a, T: Id>(body: &'a [u8], ids: &mut Vec<T>) -> Result<QueryRequest<'a>, BodyError> {
+    ids.clear();
+    check_size(body, QUERY_BODY_BYTES_MAX)?;
+    let by_hash = T::FIELD == "block_hashes";
+    let mut p = Problems::default();
     let mut seen = 0u32;
-    let mut model_name = None;
-    let mut tenant_id = None;
-    let mut routing_group = None;
-    let mut lora_name = None;
-    let mut cache_salt = None;
+    let mut names: [Option<Cow<'a, str>>; 5] = Default::default();
     let mut include_unmatched = false;
-
-    let mut scan = Scan::new(body);
-    let scanned = scan.top_object(|s, key| {
-        let field = match key.as_ref() {
-            "model_name" => MODEL_NAME,
-            "tenant_id" => TENANT_ID,
-            "routing_group" => ROUTING_GROUP,
-            "lora_name" if !by_hash => LORA_NAME,
-            "cache_salt" => CACHE_SALT,
-            "include_unmatched" => INCLUDE_UNMATCHED,
-            k if k == ids_name => IDS,
-            _ => return s.skip(),
-        };
-        if !problems.first(&mut seen, field, &key) {
-            return s.skip();
-        }
-        match field {
-            MODEL_NAME => match s.read_str()? {
-                Ok(v) => model_name = Some(v),
-                Err(found) => problems
-                    .unprocessable(|| format!("`model_name` must be a string, found {found}")),
-            },
-            TENANT_ID | ROUTING_GROUP | LORA_NAME => {
-                let slot = match field {
-                    TENANT_ID => &mut tenant_id,
-                    ROUTING_GROUP => &mut routing_group,
-                    _ => &mut lora_name,
-                };
-                match s.read_opt_str()? {
-                    Ok(v) => *slot = v,
-                    Err(found) => problems.unprocessable(|| {
-                        format!("`{key}` must be a string or null, found {found}")
-                    }),
+    let mut walk = Walk { b: body, i: 0 };
+    let object = walk
+        .object(|w, key| {
+            let field = match FIELDS.iter().position(|f| *f == key) {
+                _ if key == T::FIELD => 6,
+                Some(3) if by_hash => return w.value::<2>().map(drop),
+                Some(f) if f < 6 => f,
+                _ => return w.value::<2>().map(drop),
+            };
+            if seen & 1 << field != 0 {
+                p.unprocessable(|| format!("duplicate field `{key}`"));
+                return w.value::<2>().map(drop);
+            }
+            seen |= 1 << field;
+            if field == 6 {
+                if w.peek() == Some(b'[') {
+                    if let Err(m) = read_ids(w, ids)? {
+                        p.unprocessable(|| m);
+                    }
+                } else {
+                    let found = w.value::<2>()?.kind();
+                    p.unprocessable(|| format!("`{key}` must be an array of {}, found {found}", T::RANGE));
                 }
+                return Ok(());
             }
-            INCLUDE_UNMATCHED => match s.read_opt_bool()? {
-                Ok(v) => include_unmatched = v.unwrap_or(false),
-                Err(found) => problems
-                    .unprocessable(|| format!("`include_unmatched` must be a boolean or null, found {found}")),
-            },
-            CACHE_SALT => match s.read_opt_str()? {
-                Ok(Some(_)) if by_hash => problems.invalid(|| {
-                    "cache_salt is not accepted by /query_by_hash; block_hashes must already include the intended cache salt".to_string()
-                }),
-                Ok(v) => cache_salt = v,
-                Err(found) => problems.unprocessable(|| {
-                    format!("`cache_salt` must be a string or null, found {found}")
-                }),
-            },
-            _ => {
-                let read = match &mut ids {
-                    Ids::Tokens(out) => s.read_int_array(
-                        out,
-                        |n| match n {
-                            Num::Unsigned(v) => u32::try_from(v).ok(),
-                            _ => None,
-                        },
-                        plain_u32_prefix,
-                    )?,
-                    Ids::Hashes(out) => s.read_int_array(
-                        out,
-                        |n| match n {
-                            Num::Unsigned(v) => Some(v),
-                            Num::Negative(v) => Some(v as u64),
-                            Num::Float => None,
-                        },
-                        |_, at, _| (0, at),
-                    )?,
-                };
-                if let Err((index, found)) = read {
-                    let expected = if by_hash {
-                        "integers in [-2^63, 2^64)"
-                    } else {
-                        "integers in 0..=4294967295"
-                    };
-                    problems.unprocessable(|| {
-                        if index == usize::MAX {
-                            format!("`{ids_name}` must be an array of {expected}, found {found}")
-                        } else {
-                            format!("`{ids_name}[{index}]` must be one of {expected}, found {found}")
-                        }
-                    });
-                }
+            match (field, w.value::<2>()?) {
+                (0..=4, Json::Str(s)) => names[field] = Some(s),
+                (1..=4, Json::Null) => {}
+                (5, Json::Bool(b)) => include_unmatched = b,
+                (5, Json::Null) => {}
+                (0, v) => p.unprocessable(|| format!("`model_name` must be a string, found {}", v.kind())),
+                (5, v) => p.unprocessable(|| format!("`{key}` must be a boolean or null, found {}", v.kind())),
+                (_, v) => p.unprocessable(|| format!("`{key}` must be a string or null, found {}", v.kind())),
             }
-        }
-        Ok(())
-    });
-    let what = if by_hash { "block_hashes, model_name, ..." } else { "token_ids, model_name, ..." };
-    if seen & IDS == 0 {
-        problems.unprocessable(|| format!("missing field `{ids_name}` (an array of integers)"));
+            Ok(())
+        })
+        .map_err(BodyError::Malformed)?;
+    let [model_name, tenant_id, routing_group, lora_name, mut cache_salt] = names;
+    if !object {
+        p.unprocessable(|| format!("the body must be a JSON object ({}, model_name, ...)", T::FIELD));
     }
-    let tenant_id = tenant(tenant_id, routing_group, &mut problems);
-    let model_name = match model_name {
-        Some(m) => Some(m),
-        None => {
-            if seen & MODEL_NAME == 0 {
-                problems.unprocessable(|| "missing field `model_name` (a string)".to_string());
-            }
-            None
-        }
-    };
-    finish(scanned, problems, what)?;
-    match model_name {
-        Some(model_name) => Ok(QueryRequest { model_name, tenant_id, lora_name, cache_salt, include_unmatched }),
-        // Unreachable: a missing or mistyped model_name was recorded above.
-        None => Err(BodyError::Unprocessable("missing field `model_name` (a string)".to_string())),
+    if seen & 1 << 6 == 0 {
+        p.unprocessable(|| format!("missing field `{}` (an array of integers)", T::FIELD));
     }
+    if seen & 1 == 0 {
+        p.unprocessable(|| "missing field `model_name` (a string)".to_string());
+    }
+    if by_hash && cache_salt.take().is_some() {
+        p.invalid(|| {
+            "cache_salt is not accepted by /query_by_hash; block_hashes must already include the intended cache salt"
+                .to_string()
+        });
+    }
+    let tenant_id = tenant(tenant_id, routing_group, &mut p);
+    p.result()?;
+    // A missing or mistyped model_name was recorded above.
+    let model_name = model_name.ok_or_else(|| BodyError::Unprocessable("`model_name` must be a string".into()))?;
+    Ok(QueryRequest { model_name, tenant_id, lora_name, cache_salt, include_unmatched })
 }
 
 #[cfg(test)]
