@@ -235,18 +235,32 @@ where
                 wait_between_events(table, &pending, d);
             }
             let _held = (attempt == RETRIES_MAX).then(&lock_writer);
+            // The first walk checks each group by its summary word, which
+            // settles a quiet group in one read; a group that was not quiet
+            // is walked again, checked slot by slot.
+            let quick = attempt == 0;
             before.resize(pending.len(), [0; G]);
             for (k, &(group, mask)) in pending.iter().enumerate() {
-                table.read_versions(group, mask, &mut before[k]);
+                if quick {
+                    before[k][0] = table.group_word(group);
+                } else {
+                    table.read_versions(group, mask, &mut before[k]);
+                }
             }
             let mut sweeps: Vec<Sweep> = pending.iter().map(|&(g, m)| Sweep::new(g as u32, m)).collect();
             walk(shared, chains, jump, &mut sweeps, &guard);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             let mut still = Vec::new();
             for (k, s) in sweeps.into_iter().enumerate() {
                 let (group, mask) = pending[k];
-                table.read_versions(group, mask, &mut after);
                 let mut unstable = 0u64;
-                if attempt < RETRIES_MAX {
+                if quick {
+                    let word = table.group_word(group);
+                    if word != before[k][0] || word as u32 != 0 {
+                        unstable = mask;
+                    }
+                } else if attempt < RETRIES_MAX {
+                    table.read_versions(group, mask, &mut after);
                     each(mask, |b| {
                         if before[k][b] != after[b] || before[k][b] & 1 == 1 {
                             unstable |= 1 << b;
