@@ -216,7 +216,7 @@ where
 {
     let guard = epoch::pin();
     let jump = jump.max(1) as u32;
-    let found: Vec<(usize, u32, WorkerMatch)> = shared.slots.read(&guard, |table: &SlotTable| {
+    let workers: Vec<WorkerMatch> = shared.slots.read(&guard, |table: &SlotTable| {
         let mut pending: Vec<(usize, u64)> =
             (0..table.groups()).map(|g| (g, table.live[g])).filter(|&(_, m)| m != 0).collect();
         // Each finished sweep with the workers whose answers it gives.
@@ -280,18 +280,21 @@ where
             each(taken, |b| {
                 if s.last[b] > 0 {
                     if let Some(worker) = table.worker(group, b as u32) {
-                        let m = WorkerMatch { worker, device: s.device[b], host: s.host[b], disk: s.last[b] };
-                        out.push((group, b as u32, m));
+                        out.push(WorkerMatch { worker, device: s.device[b], host: s.host[b], disk: s.last[b] });
                     }
                 }
             });
         }
+        // A slot given to another worker while the query ran may hold that
+        // worker's bits: answer for slots that still name the same worker.
+        // Only a new slot table can say otherwise (the old one stays alive
+        // while the query is pinned, so its address is not reused).
+        shared.slots.read(&guard, |now: &SlotTable| {
+            if !std::ptr::eq(now, table) {
+                out.retain(|m| table.slot_of(m.worker).is_some_and(|(g, b)| now.worker(g, b) == Some(m.worker)));
+            }
+        });
         out
-    });
-    // A slot given to another worker while the query ran may hold that
-    // worker's bits: answer for slots that still name the same worker.
-    let workers = shared.slots.read(&guard, |now: &SlotTable| {
-        found.into_iter().filter(|&(g, b, m)| now.worker(g, b) == Some(m.worker)).map(|(_, _, m)| m).collect()
     });
     Matches { workers }
 }

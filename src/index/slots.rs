@@ -56,6 +56,12 @@ impl SlotTable {
         self.workers.get(group * GROUP_BITS as usize + bit as usize).copied().flatten()
     }
 
+    /// The (group, bit) of `worker`'s slot: a scan, for rare checks.
+    pub(crate) fn slot_of(&self, worker: WorkerId) -> Option<(usize, u32)> {
+        let s = self.workers.iter().position(|w| *w == Some(worker))?;
+        Some((s / GROUP_BITS as usize, (s % GROUP_BITS as usize) as u32))
+    }
+
     /// The summary word of `group` (see `Versions`).
     #[inline]
     pub(crate) fn group_word(&self, group: usize) -> u64 {
