@@ -95,3 +95,52 @@ fn readers_only_see_states_the_writers_went_through() {
     let s = ix.stats();
     assert_eq!((s.entries, s.pairs), (0, 0));
 }
+
+/// A slot freed by one worker and taken by another while queries run: the
+/// new worker's bits are never credited to the old one. A holds the first
+/// 10 blocks of a prefix, B all of it, each in turn in the same slot.
+#[test]
+fn a_reused_slot_never_lends_its_bits_to_the_worker_that_left() {
+    const SHORT: usize = 10;
+    let ix = Arc::new(Index::new(IndexConfig::new(4)));
+    let (a, b) = (WorkerId::new(1, 0), WorkerId::new(2, 0));
+    let l = locals();
+    let store = |w: WorkerId, n: usize| {
+        let blocks = (0..n).map(|i| StoredBlock { engine_hash: i as u64 + 1, local_hash: l[i] }).collect();
+        Event::stored(w, StorageTier::Device, None, blocks)
+    };
+    let (store_a, store_b) = (store(a, SHORT), store(b, CHAIN));
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (ix, done, q) = (ix.clone(), done.clone(), l.clone());
+            std::thread::spawn(move || {
+                let mut seen_b = 0u64;
+                while !done.load(Ordering::SeqCst) {
+                    for m in ix.find_matches(&q).workers {
+                        assert!(
+                            m.worker == b || m.device as usize <= SHORT,
+                            "{:?} credited {} blocks",
+                            m.worker,
+                            m.device
+                        );
+                        seen_b += (m.worker == b) as u64;
+                    }
+                }
+                seen_b
+            })
+        })
+        .collect();
+    for _ in 0..3000 {
+        ix.apply(&store_a);
+        assert!(ix.remove_worker(a));
+        ix.apply(&store_b);
+        assert!(ix.remove_worker(b));
+    }
+    done.store(true, Ordering::SeqCst);
+    for r in readers {
+        r.join().unwrap();
+    }
+    let s = ix.stats();
+    assert_eq!((s.entries, s.pairs), (0, 0));
+}

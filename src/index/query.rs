@@ -2,11 +2,11 @@
 //!
 //! The query's chain hashes name its prefixes. The search follows them
 //! through runs: from the run that starts with the query's first block, it
-//! finds how far the run agrees with the query (the last block first, which
-//! is the usual case; else a jump search every `jump` blocks with a binary
-//! search inside the failed jump: chains agree on a prefix, then never
-//! again), then looks up the run that starts with the next query block, and
-//! so on until the query or the index ends.
+//! finds how far the run agrees with the query (a jump search from the
+//! run's start every `jump` blocks with a binary search inside the failed
+//! jump, or the last block once no jump failed: chains agree on a prefix,
+//! then never again), then looks up the run that starts with the next
+//! query block, and so on until the query or the index ends.
 //!
 //! Along that path every worker moves through the tiers as Dynamo chains
 //! them: it is in its device run while it holds each block on the device,
@@ -119,14 +119,14 @@ fn agreed(shared: &Shared, view: &RunView, chains: &mut Chains, pos: u32, jump: 
     }
     let same =
         |k: u32, chains: &mut Chains| view.chain(&shared.chunks, k, guard) == Some(chains.at((pos + k) as usize));
-    if same(e - 1, chains) {
-        return e;
-    }
     if !same(0, chains) {
         return 0;
     }
-    // Offset `lo` agrees, `hi` does not.
-    let (mut lo, mut hi) = (0u32, e - 1);
+    // Offset `lo` agrees, `hi` does not. Jumps go forward from the start:
+    // most queries leave a run before its end (nine in ten on the
+    // conversation trace), so the chains past where they leave are never
+    // computed.
+    let (mut lo, mut hi) = (0u32, e);
     while lo + jump < hi {
         if same(lo + jump, chains) {
             lo += jump;
@@ -134,6 +134,13 @@ fn agreed(shared: &Shared, view: &RunView, chains: &mut Chains, pos: u32, jump: 
             hi = lo + jump;
             break;
         }
+    }
+    if hi == e {
+        // No failed jump: the last block decides the rest of the way.
+        if lo + 1 == e || same(e - 1, chains) {
+            return e;
+        }
+        hi = e - 1;
     }
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
@@ -216,7 +223,7 @@ where
 {
     let guard = epoch::pin();
     let jump = jump.max(1) as u32;
-    let found: Vec<(usize, u32, WorkerMatch)> = shared.slots.read(&guard, |table: &SlotTable| {
+    let workers: Vec<WorkerMatch> = shared.slots.read(&guard, |table: &SlotTable| {
         let mut pending: Vec<(usize, u64)> =
             (0..table.groups()).map(|g| (g, table.live[g])).filter(|&(_, m)| m != 0).collect();
         // Each finished sweep with the workers whose answers it gives.
@@ -235,18 +242,32 @@ where
                 wait_between_events(table, &pending, d);
             }
             let _held = (attempt == RETRIES_MAX).then(&lock_writer);
+            // The first walk checks each group by its summary word, which
+            // settles a quiet group in one read; a group that was not quiet
+            // is walked again, checked slot by slot.
+            let quick = attempt == 0;
             before.resize(pending.len(), [0; G]);
             for (k, &(group, mask)) in pending.iter().enumerate() {
-                table.read_versions(group, mask, &mut before[k]);
+                if quick {
+                    before[k][0] = table.group_word(group);
+                } else {
+                    table.read_versions(group, mask, &mut before[k]);
+                }
             }
             let mut sweeps: Vec<Sweep> = pending.iter().map(|&(g, m)| Sweep::new(g as u32, m)).collect();
             walk(shared, chains, jump, &mut sweeps, &guard);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             let mut still = Vec::new();
             for (k, s) in sweeps.into_iter().enumerate() {
                 let (group, mask) = pending[k];
-                table.read_versions(group, mask, &mut after);
                 let mut unstable = 0u64;
-                if attempt < RETRIES_MAX {
+                if quick {
+                    let word = table.group_word(group);
+                    if word != before[k][0] || word as u32 != 0 {
+                        unstable = mask;
+                    }
+                } else if attempt < RETRIES_MAX {
+                    table.read_versions(group, mask, &mut after);
                     each(mask, |b| {
                         if before[k][b] != after[b] || before[k][b] & 1 == 1 {
                             unstable |= 1 << b;
@@ -266,18 +287,21 @@ where
             each(taken, |b| {
                 if s.last[b] > 0 {
                     if let Some(worker) = table.worker(group, b as u32) {
-                        let m = WorkerMatch { worker, device: s.device[b], host: s.host[b], disk: s.last[b] };
-                        out.push((group, b as u32, m));
+                        out.push(WorkerMatch { worker, device: s.device[b], host: s.host[b], disk: s.last[b] });
                     }
                 }
             });
         }
+        // A slot given to another worker while the query ran may hold that
+        // worker's bits: answer for slots that still name the same worker.
+        // Only a new slot table can say otherwise (the old one stays alive
+        // while the query is pinned, so its address is not reused).
+        shared.slots.read(&guard, |now: &SlotTable| {
+            if !std::ptr::eq(now, table) {
+                out.retain(|m| table.slot_of(m.worker).is_some_and(|(g, b)| now.worker(g, b) == Some(m.worker)));
+            }
+        });
         out
-    });
-    // A slot given to another worker while the query ran may hold that
-    // worker's bits: answer for slots that still name the same worker.
-    let workers = shared.slots.read(&guard, |now: &SlotTable| {
-        found.into_iter().filter(|&(g, b, m)| now.worker(g, b) == Some(m.worker)).map(|(_, _, m)| m).collect()
     });
     Matches { workers }
 }

@@ -103,7 +103,7 @@ pub(crate) struct Spot {
 }
 
 /// The id a claimed key names until its store sets it.
-const NIL: u32 = u32::MAX;
+pub(crate) const CLAIMED: u32 = u32::MAX;
 
 /// Engine hash -> block id, for one worker and tier.
 #[derive(Default)]
@@ -214,14 +214,16 @@ impl Records {
         Spot { bucket: b as u32, slot: s as u32 }
     }
 
-    /// Before a store changes the tree: the id `key` names now, if any;
-    /// else it is added naming `NIL` for now. Either way, where it is, for
-    /// `set` once the store knows its block.
+    /// Before a store changes the tree: the id `key` names now, if any
+    /// (`CLAIMED` if an earlier block of the same store claimed it); either
+    /// way it names `CLAIMED` from now on (a key new to the table is added),
+    /// and `set` gives it its id once the store knows its block.
     pub(crate) fn claim(&mut self, key: u64) -> (Option<u32>, Spot) {
         if let Some((b, s)) = self.position(key) {
-            return (Some(self.buckets[b].ids[s]), Spot { bucket: b as u32, slot: s as u32 });
+            let old = std::mem::replace(&mut self.buckets[b].ids[s], CLAIMED);
+            return (Some(old), Spot { bucket: b as u32, slot: s as u32 });
         }
-        (None, self.insert_new_at(key, NIL))
+        (None, self.insert_new_at(key, CLAIMED))
     }
 
     /// Sets `key`, which is in the table, to `id`; `spot` is where `claim`

@@ -17,9 +17,25 @@ pub(crate) const GROUP_BITS: u32 = 64;
 /// Most workers one index can hold (groups are u16).
 pub(crate) const SLOTS_MAX: u32 = 1 << 16;
 
-/// Per slot of one group, a version that is odd while that slot's worker
-/// changes the tree in a way readers must not see half done (see `writer`).
-pub(crate) type Versions = [AtomicU64; GROUP_BITS as usize];
+/// The versions of one group's slots. A slot's version is odd while that
+/// slot's worker changes the tree in a way readers must not see half done
+/// (see `writer`). `group` sums them up so that a query over a quiet group
+/// reads one word, not 64: its high half counts every start and end of such
+/// a change in the group, its low half how many are under way.
+pub(crate) struct Versions {
+    pub slots: [AtomicU64; GROUP_BITS as usize],
+    pub group: AtomicU64,
+}
+
+/// What `Versions::group` gains when a change starts, and when it ends.
+pub(crate) const GROUP_BEGIN: u64 = (1 << 32) + 1;
+pub(crate) const GROUP_END: u64 = (1 << 32) - 1;
+
+impl Versions {
+    pub(crate) fn new() -> Self {
+        Versions { slots: std::array::from_fn(|_| AtomicU64::new(0)), group: AtomicU64::new(0) }
+    }
+}
 
 /// Slot -> worker, as seen by readers.
 #[derive(Clone, Default)]
@@ -40,9 +56,21 @@ impl SlotTable {
         self.workers.get(group * GROUP_BITS as usize + bit as usize).copied().flatten()
     }
 
+    /// The (group, bit) of `worker`'s slot: a scan, for rare checks.
+    pub(crate) fn slot_of(&self, worker: WorkerId) -> Option<(usize, u32)> {
+        let s = self.workers.iter().position(|w| *w == Some(worker))?;
+        Some((s / GROUP_BITS as usize, (s % GROUP_BITS as usize) as u32))
+    }
+
+    /// The summary word of `group` (see `Versions`).
+    #[inline]
+    pub(crate) fn group_word(&self, group: usize) -> u64 {
+        self.versions[group].group.load(Ordering::Acquire)
+    }
+
     /// The versions of the slots in `mask` of `group`.
     pub(crate) fn read_versions(&self, group: usize, mut mask: u64, out: &mut [u64; GROUP_BITS as usize]) {
-        let v = &self.versions[group];
+        let v = &self.versions[group].slots;
         while mask != 0 {
             let b = mask.trailing_zeros() as usize;
             out[b] = v[b].load(Ordering::Acquire);

@@ -240,3 +240,55 @@ fn long_events_span_many_pieces_and_runs() {
     ix.apply(&Event::cleared(w(2)));
     assert_eq!((ix.stats().entries, ix.stats().pairs), (0, 0));
 }
+
+#[test]
+fn an_event_naming_a_hash_twice_is_stored_as_if_cut_before_the_repeat() {
+    // Each case: what the worker held before, then one event; the same event
+    // cut before each repeat, applied in parts, must leave the same index.
+    type Pairs = Vec<(u64, u64)>;
+    let cases: Vec<(Pairs, Pairs)> = vec![
+        (vec![], vec![(1, 11), (2, 12), (1, 13)]),
+        (vec![], vec![(7, 11), (7, 11), (8, 12)]),
+        (vec![(5, 11)], vec![(6, 12), (5, 13), (6, 14), (9, 15)]),
+        (vec![(5, 11), (6, 12)], vec![(5, 11), (6, 12), (5, 11), (6, 12)]),
+        (vec![(5, 11)], vec![(5, 12), (5, 13)]),
+        (vec![(5, 11), (6, 12)], vec![(6, 13), (5, 14), (6, 15)]),
+    ];
+    let queries: Vec<Vec<u64>> = vec![
+        vec![11, 12, 13],
+        vec![11, 11, 12],
+        vec![11, 12, 13, 14, 15],
+        vec![11, 12, 11, 12],
+        vec![12, 13],
+        vec![13, 14, 15],
+    ];
+    for (before, event) in cases {
+        let whole = index();
+        let parts = index();
+        for ix in [&whole, &parts] {
+            if !before.is_empty() {
+                ix.apply(&Event::stored(w(1), DEV, None, blocks(&before)));
+            }
+        }
+        whole.apply(&Event::stored(w(1), DEV, None, blocks(&event)));
+        let (mut start, mut parent) = (0, None);
+        for k in 1..=event.len() {
+            if k == event.len() || event[start..k].iter().any(|b| b.0 == event[k].0) {
+                parts.apply(&Event::stored(w(1), DEV, parent, blocks(&event[start..k])));
+                parent = Some(event[k - 1].0);
+                start = k;
+            }
+        }
+        for q in &queries {
+            assert_eq!(dev(&whole.find_matches(q), w(1)), dev(&parts.find_matches(q), w(1)), "{event:?} {q:?}");
+        }
+        let dump = |ix: &Index| {
+            let mut d: Vec<String> = ix.dump_events().iter().map(|e| format!("{e:?}")).collect();
+            d.sort();
+            d
+        };
+        assert_eq!(dump(&whole), dump(&parts), "{event:?}");
+        assert_eq!(whole.stats().pairs, parts.stats().pairs);
+        whole.check_consistency();
+    }
+}

@@ -9,12 +9,12 @@
 //! is republished on every change.
 
 use super::records::Records;
-use super::slots::{PublishedSlots, SlotTable, Versions, GROUP_BITS, SLOTS_MAX};
+use super::slots::{PublishedSlots, SlotTable, Versions, GROUP_BEGIN, GROUP_BITS, GROUP_END, SLOTS_MAX};
 use crate::event::WorkerId;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// What the writer keeps per worker.
@@ -40,14 +40,16 @@ pub(crate) struct Changing {
 impl Changing {
     pub(crate) fn new(st: &WorkerState) -> Changing {
         let bit = (st.slot % GROUP_BITS) as usize;
-        st.versions[bit].fetch_add(1, Ordering::AcqRel);
+        st.versions.group.fetch_add(GROUP_BEGIN, Ordering::AcqRel);
+        st.versions.slots[bit].fetch_add(1, Ordering::AcqRel);
         Changing { versions: st.versions.clone(), bit }
     }
 }
 
 impl Drop for Changing {
     fn drop(&mut self) {
-        self.versions[self.bit].fetch_add(1, Ordering::AcqRel);
+        self.versions.slots[self.bit].fetch_add(1, Ordering::AcqRel);
+        self.versions.group.fetch_add(GROUP_END, Ordering::AcqRel);
     }
 }
 
@@ -100,7 +102,7 @@ impl Workers {
             None => return None,
         };
         while self.versions.len() * (GROUP_BITS as usize) < self.cells.len() {
-            self.versions.push(Arc::new(std::array::from_fn(|_| AtomicU64::new(0))));
+            self.versions.push(Arc::new(Versions::new()));
         }
         *self.cells[slot as usize].lock() = Some(WorkerState {
             id: worker,
@@ -164,6 +166,6 @@ impl Workers {
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        self.cells.capacity() * 8 + self.slot_of.capacity() * 24 + self.versions.len() * (8 * GROUP_BITS as usize)
+        self.cells.capacity() * 8 + self.slot_of.capacity() * 24 + self.versions.len() * std::mem::size_of::<Versions>()
     }
 }

@@ -20,7 +20,7 @@
 
 use super::blocks::NIL;
 use super::chain;
-use super::records::Spot;
+use super::records::{Spot, CLAIMED};
 use super::tree::{Holder, Shared, Tree};
 use super::workers::{Changing, WorkerState};
 use super::ApplyOutcome;
@@ -117,55 +117,6 @@ impl Drop for Credit<'_> {
     }
 }
 
-/// Engine hashes of the event being stored, seen so far: an open-addressing
-/// set reused across events, whose slots from earlier events are told apart
-/// by their stamp, so nothing is cleared between events.
-struct Seen {
-    slots: Vec<(u64, u32)>,
-    stamp: u32,
-}
-
-thread_local! {
-    static SEEN: std::cell::RefCell<Seen> = const { std::cell::RefCell::new(Seen { slots: Vec::new(), stamp: 0 }) };
-}
-
-/// The first index at which an engine hash repeats one before it (len if none).
-fn first_repeat(blocks: &[StoredBlock]) -> usize {
-    if blocks.len() < 2 {
-        return blocks.len();
-    }
-    SEEN.with(|seen| {
-        let seen = &mut *seen.borrow_mut();
-        let cap = (blocks.len() * 2).next_power_of_two();
-        if seen.slots.len() < cap {
-            seen.slots = vec![(0, 0); cap];
-            seen.stamp = 0;
-        }
-        seen.stamp = seen.stamp.wrapping_add(1);
-        if seen.stamp == 0 {
-            seen.slots.fill((0, 0));
-            seen.stamp = 1;
-        }
-        let (stamp, mask, shift) = (seen.stamp, cap - 1, 64 - cap.trailing_zeros());
-        for (k, b) in blocks.iter().enumerate() {
-            let h = b.engine_hash;
-            let mut i = (h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize;
-            loop {
-                let slot = &mut seen.slots[i];
-                if slot.1 != stamp {
-                    *slot = (h, stamp);
-                    break;
-                }
-                if slot.0 == h {
-                    return k;
-                }
-                i = (i + 1) & mask;
-            }
-        }
-        blocks.len()
-    })
-}
-
 /// The block a stored block's parent names for this worker: the same tier
 /// first; a lower-tier block may also hang off a block the worker holds in
 /// another tier. A device block needs a device parent.
@@ -255,8 +206,8 @@ pub(crate) fn store(
     let mut parent = parent;
     let mut rest = blocks;
     while !rest.is_empty() {
-        let cut = first_repeat(rest);
-        if let Some(why) = store_part(ctx, st, tier, parent, &rest[..cut], out) {
+        let (cut, refused) = store_part(ctx, st, tier, parent, rest, out);
+        if let Some(why) = refused {
             // A refused block refuses every block after it.
             why.count(out, (rest.len() - cut) as u32);
             return;
@@ -266,8 +217,9 @@ pub(crate) fn store(
     }
 }
 
-/// Stores blocks with distinct engine hashes; says why if some were
-/// refused (they are counted).
+/// Stores the first blocks of `blocks`, up to the first engine hash that
+/// repeats one before it; returns how many it took and, if some of those
+/// were refused (they are counted), why.
 fn store_part(
     ctx: &Ctx,
     st: &mut WorkerState,
@@ -275,7 +227,7 @@ fn store_part(
     parent: Option<u64>,
     blocks: &[StoredBlock],
     out: &mut ApplyOutcome,
-) -> Option<Refusal> {
+) -> (usize, Option<Refusal>) {
     let shared = ctx.shared;
     let (group, bit) = split(st.slot);
     let holder = Holder { tier, group, bit };
@@ -285,13 +237,14 @@ fn store_part(
             Some(p) => Some(p),
             None => {
                 out.unknown_parent += blocks.len() as u32;
-                return Some(Refusal::UnknownParent);
+                return (blocks.len(), Some(Refusal::UnknownParent));
             }
         },
     };
-    // What the worker's hashes name now, asked ahead of use; hashes new to
-    // the worker are added now, while their buckets are at hand, and get
-    // their blocks once the tree says which.
+    // What the worker's hashes name now, asked ahead of use. Each hash is
+    // claimed (added, if new to the worker) while its bucket is at hand and
+    // gets its block once the tree says which; a hash found claimed already
+    // was named earlier in this event.
     let records = &mut st.records[tier];
     for b in blocks.iter().take(PREFETCH_AHEAD) {
         records.prefetch(b.engine_hash);
@@ -303,9 +256,16 @@ fn store_part(
             records.prefetch(next.engine_hash);
         }
         let (old, spot) = records.claim(b.engine_hash);
+        if old == Some(CLAIMED) {
+            // Claimed by a block before it in this event: the engine named
+            // one hash twice. The part ends here; the rest is stored after
+            // it, against the records as this part leaves them.
+            break;
+        }
         previous.push(old.unwrap_or(NIL));
         spots.push(spot);
     }
+    let blocks = &blocks[..previous.len()];
 
     // The shape, under the tree lock: the block each stored block lands on.
     let mut ids: Vec<u32> = Vec::with_capacity(blocks.len());
@@ -430,20 +390,21 @@ fn store_part(
         if let Some(&next) = spots.get(k + PREFETCH_AHEAD) {
             records.prefetch_spot(next);
         }
-        if previous[k] != id {
-            records.set(blocks[k].engine_hash, spots[k], id);
-        }
+        records.set(blocks[k].engine_hash, spots[k], id);
     }
-    // Refused blocks: hashes new to the worker go again; hashes that named
-    // other blocks, which the store released (shed or full), go too.
+    // Refused blocks: hashes new to the worker go again, and so do hashes
+    // that named other blocks which the store released (shed or full);
+    // the others name their old blocks again.
     let released = matches!(refused, Some(Refusal::Shed | Refusal::Full));
-    for (b, &old) in blocks[ids.len()..].iter().zip(&previous[ids.len()..]) {
+    for (k, &old) in previous.iter().enumerate().skip(ids.len()) {
         if old == NIL || released {
-            records.remove(b.engine_hash);
+            records.remove(blocks[k].engine_hash);
+        } else {
+            records.set(blocks[k].engine_hash, spots[k], old);
         }
     }
     delta.apply(shared, tier);
-    refused
+    (blocks.len(), refused)
 }
 
 /// Creates `blocks` (none of which exists) under `parent` at `pos`, the
@@ -634,32 +595,4 @@ pub(crate) fn check_worker(tree: &Tree, shared: &Shared, st: &WorkerState) -> u6
         pairs += named.len() as u64;
     }
     pairs
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn blocks(hashes: &[u64]) -> Vec<StoredBlock> {
-        hashes.iter().map(|&h| StoredBlock { engine_hash: h, local_hash: h ^ 1 }).collect()
-    }
-
-    #[test]
-    fn first_repeat_finds_the_first_hash_named_twice() {
-        assert_eq!(first_repeat(&blocks(&[])), 0);
-        assert_eq!(first_repeat(&blocks(&[7])), 1);
-        assert_eq!(first_repeat(&blocks(&[1, 2, 3, 4])), 4);
-        assert_eq!(first_repeat(&blocks(&[1, 2, 1, 2])), 2);
-        assert_eq!(first_repeat(&blocks(&[5, 5])), 1);
-        // Slots left by earlier events never count: the same hashes again,
-        // many times, with tables of several sizes.
-        let long: Vec<u64> = (0..1000u64).map(|i| i.wrapping_mul(0x1234_5678_9ABC_DEF1)).collect();
-        for round in 0..300 {
-            let n = 2 + round % 997;
-            assert_eq!(first_repeat(&blocks(&long[..n])), n);
-            let mut again = long[..n].to_vec();
-            again.push(long[round % n]);
-            assert_eq!(first_repeat(&blocks(&again)), n);
-        }
-    }
 }
