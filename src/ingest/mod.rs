@@ -13,7 +13,10 @@
 //! up as a seq gap, handled below. Shards own each worker's converter and
 //! apply events to the worker's [`EventSink`]. Clears and removals travel
 //! the same queue, so they land after the worker's earlier batches and
-//! before its later ones.
+//! before its later ones. With one listener thread and one shard (the
+//! default on up to three cores) the listener thread runs the shard itself:
+//! it applies each batch where it decoded it, in the same order, and the
+//! API's messages to the shard ring its doorbell.
 //!
 //! # Sequence rules
 //!
@@ -83,6 +86,7 @@
 //! are rejected by `add_listener`.
 
 mod config;
+mod connection;
 mod counters;
 mod decode;
 mod listener;
