@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap;
 use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS, REPLAY_RETRIES_MAX};
 use super::connection::Connection;
 use super::counters::Counters;
-use super::decode::{decode_live, decode_reply, Batch, Reply};
+use super::decode::{decode_live, decode_reply, Batch, Frames, Reply};
 use super::log::LogLimiter;
 use super::poller::{Doorbell, Poller, BELL};
 use super::replay::ReplayRun;
@@ -87,6 +87,8 @@ pub(crate) struct ThreadCtx {
     /// carries only the API's messages, each followed by a ring of `bell`.
     pub local: Option<(Receiver<ShardMsg>, RefCell<Shard>)>,
     pub counters: Arc<Counters>,
+    /// Where this thread receives each message.
+    pub frames: RefCell<Frames>,
     pub held_gauge: Arc<AtomicU64>,
     pub gate_open: Arc<AtomicBool>,
     pub shutdown: Arc<AtomicBool>,
@@ -333,10 +335,14 @@ impl Listener {
     /// Reads live batches; true if it stopped at the burst cap.
     fn read_live(&mut self, t: &ThreadCtx) -> bool {
         for _ in 0..RECV_BURST_MAX {
-            let Ok(frames) = self.spec.sub.recv_multipart(zmq::DONTWAIT) else {
-                return false;
+            let decoded = {
+                let mut frames = t.frames.borrow_mut();
+                if !frames.recv(&self.spec.sub) {
+                    return false;
+                }
+                decode_live(&frames)
             };
-            match decode_live(&frames) {
+            match decoded {
                 Ok(batch) => {
                     t.bump(&t.counters.batches_received, 1);
                     self.spec.shared.count_received();
@@ -558,13 +564,17 @@ impl Listener {
             let Some(run) = self.replay.as_mut() else {
                 return false;
             };
-            let Ok(frames) = run.socket.recv_multipart(zmq::DONTWAIT) else {
-                return false;
+            let decoded = {
+                let mut frames = t.frames.borrow_mut();
+                if !frames.recv(&run.socket) {
+                    return false;
+                }
+                decode_reply(&frames)
             };
             run.replies += 1;
             run.last_reply = Instant::now();
             let over_budget = run.replies >= t.cfg.replay_batches_max;
-            match decode_reply(&frames) {
+            match decoded {
                 Ok(Reply::End) => {
                     self.replay_ended(t);
                     return false;

@@ -232,6 +232,7 @@ impl Ingest {
                 shards: shards.clone(),
                 local: local.take(),
                 counters: counters.clone(),
+                frames: RefCell::default(),
                 held_gauge: held_gauge.clone(),
                 gate_open: gate_open.clone(),
                 shutdown: shutdown.clone(),
