@@ -29,10 +29,11 @@ use super::connection::Connection;
 use super::counters::Counters;
 use super::decode::{decode_live, decode_reply, Batch, Frames, Reply};
 use super::log::LogLimiter;
+use super::outbox::Outbox;
 use super::poller::{Doorbell, Poller, BELL};
 use super::replay::ReplayRun;
 use super::sequencer::{Sequencer, Verdict};
-use super::shard::{send_blocking, shard_for, Shard, ShardMsg};
+use super::shard::ShardMsg;
 use super::sink::EventSink;
 use super::status::{ListenerId, ListenerShared};
 use crate::event::WorkerId;
@@ -82,10 +83,8 @@ pub(crate) struct Removed {
 pub(crate) struct ThreadCtx {
     pub ctx: zmq::Context,
     pub cfg: IngestConfig,
-    pub shards: Vec<Sender<ShardMsg>>,
-    /// The one shard, when this thread runs it (see `Shard`): its queue
-    /// carries only the API's messages, each followed by a ring of `bell`.
-    pub local: Option<(Receiver<ShardMsg>, RefCell<Shard>)>,
+    /// The way to the shards (one's state, when this thread runs it).
+    pub outbox: RefCell<Outbox>,
     pub counters: Arc<Counters>,
     /// Where this thread receives each message.
     pub frames: RefCell<Frames>,
@@ -101,26 +100,9 @@ impl ThreadCtx {
         counter.fetch_add(by, Ordering::Relaxed);
     }
 
-    /// Hands `msg` to the shard that owns `worker`: handled here when this
-    /// thread runs it, else queued (blocking while the queue is full).
-    /// False if the pipeline shut down first.
+    /// Hands `msg` to the shard that owns `worker` (see `Outbox::send`).
     fn to_shard(&self, worker: WorkerId, msg: ShardMsg) -> bool {
-        match &self.local {
-            Some((_, shard)) => {
-                shard.borrow_mut().handle(msg);
-                true
-            }
-            None => send_blocking(&self.shards[shard_for(worker, self.shards.len())], msg, &self.shutdown),
-        }
-    }
-
-    /// Handles what the API queued to the shard this thread runs.
-    fn drain_local_shard(&self) {
-        if let Some((rx, shard)) = &self.local {
-            while let Ok(msg) = rx.try_recv() {
-                shard.borrow_mut().handle(msg);
-            }
-        }
+        self.outbox.borrow_mut().send(worker, msg)
     }
 }
 
@@ -179,6 +161,9 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
     let mut ready: Vec<u64> = Vec::new();
     let mut bell_rang = true;
     while !t.shutdown.load(Ordering::Relaxed) {
+        // What the last round made reaches the shards before any control
+        // message is taken (a removed listener's batches come first).
+        t.outbox.borrow_mut().flush();
         if std::mem::take(&mut bell_rang) {
             loop {
                 match control.try_recv() {
@@ -187,7 +172,6 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                     Err(TryRecvError::Disconnected) => return,
                 }
             }
-            t.drain_local_shard();
             if t.gate_open.load(Ordering::Acquire) {
                 for l in &mut ls.all {
                     l.drain_held(&t);
@@ -200,6 +184,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                 return;
             }
         }
+        t.outbox.borrow_mut().flush();
         ready.clear();
         let waited = if replaying.is_empty() {
             poller.wait(if hot.is_empty() { -1 } else { 0 }, &t.bell, &mut ready)

@@ -21,6 +21,7 @@ use super::config::{
 };
 use super::counters::{Counters, IngestCounters};
 use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
+use super::outbox::{queue_len, Outbox};
 use super::poller::Doorbell;
 use super::shard::{run_shard, shard_for, Shard, ShardMsg};
 use super::sink::EventSink;
@@ -191,13 +192,14 @@ impl Ingest {
         let mut receivers = Vec::new();
         let spawn_err = |e: std::io::Error| IngestError::Resource(e.to_string());
         for _ in 0..shard_count {
-            let (tx, rx) = bounded(cfg.shard_queue_batches);
+            let (tx, rx) = bounded(queue_len(cfg.shard_queue_batches));
             shards.push(tx);
             receivers.push(rx);
         }
         // One listener thread and one shard: the listener thread runs the
-        // shard itself (a thread handoff per batch is most of what ingest
-        // costs on one core), and the API's messages to it ring its bell.
+        // shard itself (on one core, handing each batch to another thread
+        // cost a third of ingest CPU), and the API's messages to it ring
+        // its bell.
         let inline = listener_count == 1 && shard_count == 1;
         let mut bells = Vec::new();
         for _ in 0..listener_count {
@@ -207,7 +209,7 @@ impl Ingest {
         for (j, rx) in receivers.into_iter().enumerate() {
             let shard = Shard::new(skips.clone(), counters.clone());
             if inline {
-                local = Some((rx, RefCell::new(shard)));
+                local = Some(Outbox::Local { shard, api: rx });
                 continue;
             }
             let shutdown = shutdown.clone();
@@ -229,8 +231,7 @@ impl Ingest {
                 bell: bell.clone(),
                 ctx: ctx.clone(),
                 cfg: cfg.clone(),
-                shards: shards.clone(),
-                local: local.take(),
+                outbox: RefCell::new(local.take().unwrap_or_else(|| Outbox::queues(shards.clone(), shutdown.clone()))),
                 counters: counters.clone(),
                 frames: RefCell::default(),
                 held_gauge: held_gauge.clone(),

@@ -31,6 +31,8 @@ pub(crate) enum ShardMsg {
     Remove { worker: WorkerId, sink: Arc<dyn EventSink>, done: Sender<()> },
     /// Acknowledged once every earlier message has been handled.
     Sync(Sender<()>),
+    /// Several of the above, in order (what one listener wake-up made).
+    Many(Vec<ShardMsg>),
     /// Nothing to do: wakes the shard so it sees a shutdown.
     Wake,
 }
@@ -68,8 +70,8 @@ struct WorkerState {
 
 /// One shard's state: its workers' converters. Run by a thread of its own
 /// (`run_shard`) or, when the pipeline has one listener thread and one
-/// shard, by that listener thread, which then applies each batch where it
-/// decoded it (no queue, no second thread to wake).
+/// shard, by that listener thread (`Outbox::Local`), which then applies
+/// each batch where it decoded it: no queue, no second thread to wake.
 pub(crate) struct Shard {
     workers: FxHashMap<WorkerId, WorkerState>,
     out: Vec<Event>,
@@ -116,6 +118,7 @@ impl Shard {
             ShardMsg::Sync(done) => {
                 let _ = done.send(());
             }
+            ShardMsg::Many(msgs) => msgs.into_iter().for_each(|msg| self.handle(msg)),
             ShardMsg::Wake => {}
         }
     }
