@@ -26,7 +26,7 @@
 //!
 //! Run: `cargo bench --bench http_query -- [--dynamo PATH/dynamo-indexer]
 //! [--secs 3] [--repeats 3] [--clients 1,8,64] [--ingest-rate 32000]
-//! [--only trace|synthetic] [--json PATH] [--trace PATH]`, or against a running server:
+//! [--only trace|synthetic] [--ingest-only] [--json PATH] [--trace PATH]`, or against a running server:
 //! `--url http://127.0.0.1:8090 [--pid PID]` (its engines are registered
 //! over `/register` like ours). Build Dynamo's with
 //! `cargo build --release --manifest-path benches/dynamo-service/Cargo.toml`.
@@ -71,6 +71,8 @@ struct Options {
     clients: Vec<usize>,
     ingest_rate: f64,
     only: Option<String>,
+    /// Skip the query cells: only the idle and ingest-only rows.
+    ingest_only: bool,
     json: String,
     trace: String,
     server_core: usize,
@@ -90,6 +92,7 @@ fn parse_options() -> Result<Options, String> {
         clients: vec![1, 8, 64],
         ingest_rate: 32_000.0,
         only: None,
+        ingest_only: false,
         json: format!("{target}/http_query.json"),
         trace: concat!(env!("CARGO_MANIFEST_DIR"), "/benches/data/sample_trace.jsonl").to_string(),
         server_core: 1,
@@ -99,6 +102,10 @@ fn parse_options() -> Result<Options, String> {
     while let Some(flag) = args.next() {
         // cargo bench passes --bench to every bench binary.
         if flag == "--bench" {
+            continue;
+        }
+        if flag == "--ingest-only" {
+            o.ingest_only = true;
             continue;
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -368,7 +375,7 @@ fn measure(
             .map(|i| client::request_bytes("POST", "/query", wl.query_body(i).as_bytes()))
             .collect();
         for ingest in [false, true] {
-            for &clients in &o.clients {
+            for &clients in if o.ingest_only { &[][..] } else { &o.clients[..] } {
                 let stop = AtomicBool::new(false);
                 let mut cpu = Vec::new();
                 let mut churn = Churn::new(1 + repeat as u64 * 1_000 + clients as u64);

@@ -37,7 +37,8 @@ pub struct IngestConfig {
     pub shard_threads: usize,
     /// Pin listener and shard threads to cores.
     pub pin_threads: bool,
-    /// Batches queued per shard before listeners block (back-pressure).
+    /// Batches queued per shard before listeners block (back-pressure), in
+    /// messages of up to 64 batches each (what one listener wake-up made).
     pub shard_queue_batches: usize,
     /// Longest wait of a listener thread while one of its replays runs (for
     /// its deadline); otherwise it waits until a socket is ready.

@@ -1,7 +1,9 @@
 //! The one decode step between socket frames and shard messages: checks the
 //! message shape, reads the seq and decodes the msgpack payload with `wire`.
 //! A payload that does not decode still has a seq: it travels on as a batch
-//! without events, so the sequencer counts it as a lost batch.
+//! without events, so the sequencer counts it as a lost batch. Messages are
+//! received into reused ZMQ frames (`Frames`): a read copies and allocates
+//! nothing before the decode.
 
 use crate::wire::{self, RawEvent, ReplayReply, REPLAY_END_SEQ};
 
@@ -22,10 +24,50 @@ pub(crate) enum Reply {
     End,
 }
 
+/// Frames kept by a message with more parts than any valid one; the rest
+/// are read into the last and counted.
+const FRAMES_KEPT_MAX: usize = 4;
+
+/// One message's frames, received in place and reused for the next.
+#[derive(Default)]
+pub(crate) struct Frames {
+    parts: Vec<zmq::Message>,
+    len: usize,
+}
+
+impl Frames {
+    /// Receives one whole message without waiting; false if none is queued.
+    pub(crate) fn recv(&mut self, socket: &zmq::Socket) -> bool {
+        self.len = 0;
+        loop {
+            let slot = self.len.min(FRAMES_KEPT_MAX - 1);
+            if slot == self.parts.len() {
+                self.parts.push(zmq::Message::new());
+            }
+            // A message's parts arrive together: only the first can fail.
+            if socket.recv(&mut self.parts[slot], zmq::DONTWAIT).is_err() {
+                return self.len > 0;
+            }
+            self.len += 1;
+            if !self.parts[slot].get_more() {
+                return true;
+            }
+        }
+    }
+
+    /// The frames of the last message; `Err` if it had more than any valid one.
+    fn get(&self) -> Result<&[zmq::Message], String> {
+        if self.len > FRAMES_KEPT_MAX {
+            return Err(format!("message has {} frames, expected at most {FRAMES_KEPT_MAX}", self.len));
+        }
+        Ok(&self.parts[..self.len])
+    }
+}
+
 /// Decodes a live `[topic, seq, payload]` message. `Err` means the shape is
 /// wrong (it is dropped and counted; it carries no usable seq).
-pub(crate) fn decode_live(frames: &[Vec<u8>]) -> Result<Batch, String> {
-    let (seq, payload) = wire::split_frames(frames).map_err(|e| e.to_string())?;
+pub(crate) fn decode_live(frames: &Frames) -> Result<Batch, String> {
+    let (seq, payload) = wire::split_frames(frames.get()?).map_err(|e| e.to_string())?;
     if seq == REPLAY_END_SEQ {
         // Reserved for the replay end marker; no publisher reaches it.
         return Err(format!("live message with the reserved seq {seq}"));
@@ -34,8 +76,8 @@ pub(crate) fn decode_live(frames: &[Vec<u8>]) -> Result<Batch, String> {
 }
 
 /// Decodes a replay reply: `[b"", seq, payload]` or `[b"", topic, seq, payload]`.
-pub(crate) fn decode_reply(frames: &[Vec<u8>]) -> Result<Reply, String> {
-    match wire::split_replay_frames(frames).map_err(|e| e.to_string())? {
+pub(crate) fn decode_reply(frames: &Frames) -> Result<Reply, String> {
+    match wire::split_replay_frames(frames.get()?).map_err(|e| e.to_string())? {
         ReplayReply::End => Ok(Reply::End),
         ReplayReply::Batch { seq, payload } => Ok(Reply::Batch(decode_batch(seq, payload))),
     }
@@ -45,5 +87,32 @@ fn decode_batch(seq: u64, payload: &[u8]) -> Batch {
     match wire::decode_payload(payload) {
         Ok(decoded) => Batch { seq, dp_rank: decoded.dp_rank, events: Ok(decoded.events) },
         Err(e) => Batch { seq, dp_rank: None, events: Err(e.to_string()) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_reused_and_a_surplus_is_refused() {
+        let ctx = zmq::Context::new();
+        let (a, b) = (ctx.socket(zmq::PAIR).unwrap(), ctx.socket(zmq::PAIR).unwrap());
+        a.bind("inproc://frames-test").unwrap();
+        b.connect("inproc://frames-test").unwrap();
+        let mut frames = Frames::default();
+        assert!(!frames.recv(&a), "nothing queued");
+        b.send_multipart([&b"t"[..], &7u64.to_be_bytes(), &[0x92, 0x00, 0x90]], 0).unwrap();
+        b.send_multipart([&[1u8][..]; 9], 0).unwrap();
+        b.send_multipart([&b"t"[..], &8u64.to_be_bytes(), &[0x92, 0x00, 0x90]], 0).unwrap();
+        assert!(frames.recv(&a));
+        let batch = decode_live(&frames).unwrap();
+        assert_eq!((batch.seq, batch.events.map(|e| e.len())), (7, Ok(0)));
+        assert!(frames.recv(&a));
+        assert_eq!(decode_live(&frames).unwrap_err(), "message has 9 frames, expected at most 4");
+        assert_eq!(frames.parts.len(), FRAMES_KEPT_MAX, "a surplus reuses the last frame");
+        assert!(frames.recv(&a));
+        assert_eq!(decode_live(&frames).unwrap().seq, 8, "the next message reads whole");
+        assert!(!frames.recv(&a));
     }
 }

@@ -4,7 +4,8 @@
 //! then reads only the sockets that are, each until it has nothing more or
 //! `RECV_BURST_MAX` (then it is looked at again without waiting). Each
 //! message is decoded here, judged by the listener's sequencer, and handed
-//! to the shard that owns its worker. An idle thread costs nothing: no
+//! to the shard that owns its worker, or applied here when this thread runs
+//! the pipeline's one shard (`Shard`). An idle thread costs nothing: no
 //! timeout, no scan of its sockets.
 //!
 //! Nothing here blocks on one publisher: replay sockets are waited on
@@ -14,6 +15,7 @@
 //! queue. The only blocking call is the send to a full shard queue, which
 //! is the intended back-pressure.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,17 +24,16 @@ use std::time::{Duration, Instant};
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
 use rustc_hash::FxHashMap;
 
-use super::config::{
-    IngestConfig, CONNECT_LOG_INTERVAL_MS, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS,
-    REPLAY_RETRIES_MAX,
-};
+use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS, REPLAY_RETRIES_MAX};
+use super::connection::Connection;
 use super::counters::Counters;
-use super::decode::{decode_live, decode_reply, Batch, Reply};
+use super::decode::{decode_live, decode_reply, Batch, Frames, Reply};
 use super::log::LogLimiter;
+use super::outbox::Outbox;
 use super::poller::{Doorbell, Poller, BELL};
 use super::replay::ReplayRun;
 use super::sequencer::{Sequencer, Verdict};
-use super::shard::{send_blocking, shard_for, ShardMsg};
+use super::shard::ShardMsg;
 use super::sink::EventSink;
 use super::status::{ListenerId, ListenerShared};
 use crate::event::WorkerId;
@@ -82,8 +83,11 @@ pub(crate) struct Removed {
 pub(crate) struct ThreadCtx {
     pub ctx: zmq::Context,
     pub cfg: IngestConfig,
-    pub shards: Vec<Sender<ShardMsg>>,
+    /// The way to the shards (one's state, when this thread runs it).
+    pub outbox: RefCell<Outbox>,
     pub counters: Arc<Counters>,
+    /// Where this thread receives each message.
+    pub frames: RefCell<Frames>,
     pub held_gauge: Arc<AtomicU64>,
     pub gate_open: Arc<AtomicBool>,
     pub shutdown: Arc<AtomicBool>,
@@ -94,6 +98,11 @@ pub(crate) struct ThreadCtx {
 impl ThreadCtx {
     fn bump(&self, counter: &AtomicU64, by: u64) {
         counter.fetch_add(by, Ordering::Relaxed);
+    }
+
+    /// Hands `msg` to the shard that owns `worker` (see `Outbox::send`).
+    fn to_shard(&self, worker: WorkerId, msg: ShardMsg) -> bool {
+        self.outbox.borrow_mut().send(worker, msg)
     }
 }
 
@@ -107,16 +116,10 @@ struct Listener {
     /// Live batches waiting for a replay to finish or the gate to open.
     held: VecDeque<Batch>,
     replay: Option<ReplayRun>,
-    /// Whether a ZMQ handshake ever succeeded (for clearer errors).
-    ever_connected: bool,
-    /// TCP connected, ZMQ handshake not done yet.
-    handshaking: bool,
+    conn: Connection,
     /// The monitor was read short of `EAGAIN` (at its burst cap): look again.
     monitor_more: bool,
     log: LogLimiter,
-    /// Connection failures: the first at once, then one line per
-    /// `CONNECT_LOG_INTERVAL_MS` while the endpoint stays unreachable.
-    connect_log: LogLimiter,
     /// How gaps ended (replayed, missed, resynced): kept apart from `log`
     /// so the line saying a gap recovered is not swallowed by the one before.
     gap_log: LogLimiter,
@@ -158,6 +161,9 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
     let mut ready: Vec<u64> = Vec::new();
     let mut bell_rang = true;
     while !t.shutdown.load(Ordering::Relaxed) {
+        // What the last round made reaches the shards before any control
+        // message is taken (a removed listener's batches come first).
+        t.outbox.borrow_mut().flush();
         if std::mem::take(&mut bell_rang) {
             loop {
                 match control.try_recv() {
@@ -178,6 +184,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                 return;
             }
         }
+        t.outbox.borrow_mut().flush();
         ready.clear();
         let waited = if replaying.is_empty() {
             poller.wait(if hot.is_empty() { -1 } else { 0 }, &t.bell, &mut ready)
@@ -274,11 +281,9 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut 
                 ranks,
                 held: VecDeque::new(),
                 replay: None,
-                ever_connected: false,
-                handshaking: false,
+                conn: Connection::new(),
                 monitor_more: false,
                 log: LogLimiter::default(),
-                connect_log: LogLimiter::every(Duration::from_millis(CONNECT_LOG_INTERVAL_MS)),
                 gap_log: LogLimiter::default(),
             });
         }
@@ -305,76 +310,24 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut 
 impl Listener {
     /// Reads the monitor's events; true if it stopped at the burst cap.
     fn read_monitor(&mut self) -> bool {
-        for _ in 0..RECV_BURST_MAX {
-            let Ok(frames) = self.spec.monitor.recv_multipart(zmq::DONTWAIT) else {
-                return false;
-            };
-            let Some(head) = frames.first().filter(|f| f.len() >= 6) else {
-                continue;
-            };
-            let event = u16::from_ne_bytes([head[0], head[1]]);
-            let value = u32::from_ne_bytes([head[2], head[3], head[4], head[5]]);
-            self.on_monitor_event(event, value);
+        let read = self.conn.read(&self.spec.monitor, &self.spec.endpoint, &self.spec.shared);
+        if read.reconnected {
+            self.seq.note_connected();
         }
-        true
-    }
-
-    fn on_monitor_event(&mut self, event: u16, value: u32) {
-        use zmq::SocketEvent as E;
-        let endpoint = &self.spec.endpoint;
-        let shared = &self.spec.shared;
-        if event == E::CONNECTED.to_raw() {
-            // TCP is up; the peer is not known to be a publisher until the
-            // ZMQ handshake succeeds.
-            self.handshaking = true;
-            crate::debug!("listener of {endpoint}: TCP connected, ZMQ handshake under way");
-        } else if event == E::HANDSHAKE_SUCCEEDED.to_raw() {
-            self.handshaking = false;
-            // A later outage is news again: its first failure is logged at once.
-            self.connect_log.reset();
-            // The first connection needs no note: a new listener's sequencer
-            // already treats a kept watermark as crossed by a reconnect.
-            if std::mem::replace(&mut self.ever_connected, true) {
-                self.seq.note_connected();
-            }
-            shared.set_connected(true);
-        } else if event == E::DISCONNECTED.to_raw() {
-            shared.set_connected(false);
-            if std::mem::take(&mut self.handshaking) {
-                shared.set_failed(format!(
-                    "{endpoint} closed the connection during the ZMQ handshake; is it the engine's KV event PUB socket?"
-                ));
-            } else if !shared.is_failed() {
-                shared.set_error(format!("lost connection to {endpoint}; reconnecting"));
-            }
-        } else if event == E::CONNECT_RETRIED.to_raw() && !shared.is_failed() {
-            // A failure's reason says more than "retrying": keep it.
-            let error = if self.ever_connected {
-                format!("lost connection to {endpoint}; reconnecting, next try in {value} ms")
-            } else {
-                format!("cannot connect to {endpoint}; retrying in {value} ms (is the engine's KV event publisher up?)")
-            };
-            self.connect_log.warn(|| format!("listener {}: {error}", shared.label()));
-            shared.set_error(error);
-        } else if event == E::HANDSHAKE_FAILED_PROTOCOL.to_raw()
-            || event == E::HANDSHAKE_FAILED_NO_DETAIL.to_raw()
-            || event == E::HANDSHAKE_FAILED_AUTH.to_raw()
-        {
-            self.handshaking = false;
-            let cause = std::io::Error::from_raw_os_error(value as i32);
-            shared.set_failed(format!(
-                "ZMQ handshake with {endpoint} failed ({cause}); is it the engine's KV event PUB socket?"
-            ));
-        }
+        read.more
     }
 
     /// Reads live batches; true if it stopped at the burst cap.
     fn read_live(&mut self, t: &ThreadCtx) -> bool {
         for _ in 0..RECV_BURST_MAX {
-            let Ok(frames) = self.spec.sub.recv_multipart(zmq::DONTWAIT) else {
-                return false;
+            let decoded = {
+                let mut frames = t.frames.borrow_mut();
+                if !frames.recv(&self.spec.sub) {
+                    return false;
+                }
+                decode_live(&frames)
             };
-            match decode_live(&frames) {
+            match decoded {
                 Ok(batch) => {
                     t.bump(&t.counters.batches_received, 1);
                     self.spec.shared.count_received();
@@ -561,8 +514,7 @@ impl Listener {
         let worker = WorkerId::new(self.spec.worker.instance_id, rank);
         let msg =
             ShardMsg::Batch { worker, block_size: self.spec.block_size, sink: Arc::clone(&self.spec.sink), events };
-        let shard = &t.shards[shard_for(worker, t.shards.len())];
-        if !send_blocking(shard, msg, &t.shutdown) {
+        if !t.to_shard(worker, msg) {
             return;
         }
         self.seq.accept(seq);
@@ -587,8 +539,7 @@ impl Listener {
     fn clear_workers(&self, t: &ThreadCtx) {
         for &rank in &self.ranks {
             let worker = WorkerId::new(self.spec.worker.instance_id, rank);
-            let msg = ShardMsg::Clear { worker, sink: Arc::clone(&self.spec.sink) };
-            send_blocking(&t.shards[shard_for(worker, t.shards.len())], msg, &t.shutdown);
+            t.to_shard(worker, ShardMsg::Clear { worker, sink: Arc::clone(&self.spec.sink) });
         }
     }
 
@@ -598,13 +549,17 @@ impl Listener {
             let Some(run) = self.replay.as_mut() else {
                 return false;
             };
-            let Ok(frames) = run.socket.recv_multipart(zmq::DONTWAIT) else {
-                return false;
+            let decoded = {
+                let mut frames = t.frames.borrow_mut();
+                if !frames.recv(&run.socket) {
+                    return false;
+                }
+                decode_reply(&frames)
             };
             run.replies += 1;
             run.last_reply = Instant::now();
             let over_budget = run.replies >= t.cfg.replay_batches_max;
-            match decode_reply(&frames) {
+            match decoded {
                 Ok(Reply::End) => {
                     self.replay_ended(t);
                     return false;

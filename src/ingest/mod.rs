@@ -8,12 +8,16 @@
 //! epoll wait on all of them, reading only those that are ready. A listener checks each message's shape (3 frames, 8-byte seq),
 //! decodes the msgpack batch, judges its seq, and sends it to the writer
 //! shard that owns the worker: a stable hash of (instance, dp_rank) modulo
-//! the shard count. The send blocks when the shard's bounded queue is full;
+//! the shard count. What one wake-up makes for one shard goes as one queue
+//! message. The send blocks when the shard's bounded queue is full;
 //! the SUB socket's high-water mark then drops messages, and the loss shows
 //! up as a seq gap, handled below. Shards own each worker's converter and
 //! apply events to the worker's [`EventSink`]. Clears and removals travel
 //! the same queue, so they land after the worker's earlier batches and
-//! before its later ones.
+//! before its later ones. With one listener thread and one shard (the
+//! default on up to three cores) the listener thread runs the shard itself:
+//! it applies each batch where it decoded it, in the same order, and the
+//! API's messages to the shard ring its doorbell.
 //!
 //! # Sequence rules
 //!
@@ -83,10 +87,12 @@
 //! are rejected by `add_listener`.
 
 mod config;
+mod connection;
 mod counters;
 mod decode;
 mod listener;
 mod log;
+mod outbox;
 mod poller;
 mod replay;
 mod sequencer;

@@ -4,6 +4,7 @@
 //! endpoint is an error returned to the caller; then they move to the
 //! least-loaded listener thread, which owns them from then on.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,8 +21,9 @@ use super::config::{
 };
 use super::counters::{Counters, IngestCounters};
 use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
+use super::outbox::{queue_len, Outbox};
 use super::poller::Doorbell;
-use super::shard::{run_shard, shard_for, ShardMsg};
+use super::shard::{run_shard, shard_for, Shard, ShardMsg};
 use super::sink::EventSink;
 use super::status::{ListenerId, ListenerInfo, ListenerShared};
 use crate::endpoint::ADDRESS_BYTES_MAX;
@@ -141,6 +143,8 @@ pub struct Ingest {
     /// One per listener thread, rung after its control channel gets a message.
     bells: Vec<Arc<Doorbell>>,
     shards: Vec<Sender<ShardMsg>>,
+    /// Rung after each message to the shard when a listener thread runs it.
+    shard_bell: Option<Arc<Doorbell>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     registry: Mutex<Registry>,
     counters: Arc<Counters>,
@@ -185,34 +189,51 @@ impl Ingest {
 
         let mut threads = Vec::new();
         let mut shards = Vec::new();
+        let mut receivers = Vec::new();
         let spawn_err = |e: std::io::Error| IngestError::Resource(e.to_string());
-        for j in 0..shard_count {
-            let (tx, rx) = bounded(cfg.shard_queue_batches);
+        for _ in 0..shard_count {
+            let (tx, rx) = bounded(queue_len(cfg.shard_queue_batches));
             shards.push(tx);
-            let (skips, counters, shutdown) = (skips.clone(), counters.clone(), shutdown.clone());
+            receivers.push(rx);
+        }
+        // One listener thread and one shard: the listener thread runs the
+        // shard itself (on one core, handing each batch to another thread
+        // cost a third of ingest CPU), and the API's messages to it ring
+        // its bell.
+        let inline = listener_count == 1 && shard_count == 1;
+        let mut bells = Vec::new();
+        for _ in 0..listener_count {
+            bells.push(Arc::new(Doorbell::new().map_err(|e| IngestError::Resource(e.to_string()))?));
+        }
+        let mut local = None;
+        for (j, rx) in receivers.into_iter().enumerate() {
+            let shard = Shard::new(skips.clone(), counters.clone());
+            if inline {
+                local = Some(Outbox::Local { shard, api: rx });
+                continue;
+            }
+            let shutdown = shutdown.clone();
             let core = core_for(listener_count + j);
             let handle = std::thread::Builder::new()
                 .name(format!("kvi-shard-{j}"))
                 .spawn(move || {
                     pin(core);
-                    run_shard(rx, skips, counters, shutdown)
+                    run_shard(rx, shard, shutdown)
                 })
                 .map_err(spawn_err)?;
             threads.push(handle);
         }
         let mut listener_txs = Vec::new();
-        let mut bells = Vec::new();
-        for i in 0..listener_count {
+        for (i, bell) in bells.iter().enumerate() {
             let (tx, rx) = bounded(CONTROL_QUEUE_MAX);
             listener_txs.push(tx);
-            let bell = Arc::new(Doorbell::new().map_err(|e| IngestError::Resource(e.to_string()))?);
-            bells.push(bell.clone());
             let t = ThreadCtx {
-                bell,
+                bell: bell.clone(),
                 ctx: ctx.clone(),
                 cfg: cfg.clone(),
-                shards: shards.clone(),
+                outbox: RefCell::new(local.take().unwrap_or_else(|| Outbox::queues(shards.clone(), shutdown.clone()))),
                 counters: counters.clone(),
+                frames: RefCell::default(),
                 held_gauge: held_gauge.clone(),
                 gate_open: gate_open.clone(),
                 shutdown: shutdown.clone(),
@@ -230,6 +251,7 @@ impl Ingest {
         let registry = Registry { thread_load: vec![0; listener_count], ..Registry::default() };
         Ok(Ingest {
             listener_txs,
+            shard_bell: inline.then(|| bells[0].clone()),
             bells,
             shards,
             threads: Mutex::new(threads),
@@ -385,8 +407,7 @@ impl Ingest {
         let (done_tx, done_rx) = bounded(1);
         let timeout = Duration::from_millis(CONTROL_TIMEOUT_MS);
         let msg = ShardMsg::Remove { worker, sink, done: done_tx };
-        self.shards[shard_for(worker, self.shards.len())]
-            .send_timeout(msg, timeout)
+        self.to_shard(shard_for(worker, self.shards.len()), msg)
             .map_err(|_| IngestError::Timeout("removing a worker"))?;
         done_rx.recv_timeout(timeout).map_err(|_| IngestError::Timeout("removing a worker"))
     }
@@ -437,13 +458,23 @@ impl Ingest {
     pub fn sync_shards(&self) -> Result<(), IngestError> {
         let timeout = Duration::from_millis(CONTROL_TIMEOUT_MS);
         let mut waits = Vec::with_capacity(self.shards.len());
-        for tx in &self.shards {
+        for i in 0..self.shards.len() {
             let (done_tx, done_rx) = bounded(1);
-            tx.send_timeout(ShardMsg::Sync(done_tx), timeout).map_err(|_| IngestError::Timeout("syncing shards"))?;
+            self.to_shard(i, ShardMsg::Sync(done_tx)).map_err(|_| IngestError::Timeout("syncing shards"))?;
             waits.push(done_rx);
         }
         for rx in waits {
             rx.recv_timeout(timeout).map_err(|_| IngestError::Timeout("syncing shards"))?;
+        }
+        Ok(())
+    }
+
+    /// Queues `msg` to shard `i` (waking the listener thread that runs it,
+    /// if one does).
+    fn to_shard(&self, i: usize, msg: ShardMsg) -> Result<(), ()> {
+        self.shards[i].send_timeout(msg, Duration::from_millis(CONTROL_TIMEOUT_MS)).map_err(|_| ())?;
+        if let Some(bell) = &self.shard_bell {
+            bell.ring();
         }
         Ok(())
     }

@@ -31,6 +31,8 @@ pub(crate) enum ShardMsg {
     Remove { worker: WorkerId, sink: Arc<dyn EventSink>, done: Sender<()> },
     /// Acknowledged once every earlier message has been handled.
     Sync(Sender<()>),
+    /// Several of the above, in order (what one listener wake-up made).
+    Many(Vec<ShardMsg>),
     /// Nothing to do: wakes the shard so it sees a shutdown.
     Wake,
 }
@@ -66,27 +68,28 @@ struct WorkerState {
     converter: WorkerConverter,
 }
 
-/// The shard thread's loop: runs until shutdown or until every sender is
-/// gone. It sleeps in `recv` while its queue is empty (shutdown sends it a
-/// `Wake`), so an idle shard costs nothing.
-pub(crate) fn run_shard(
-    rx: Receiver<ShardMsg>,
+/// One shard's state: its workers' converters. Run by a thread of its own
+/// (`run_shard`) or, when the pipeline has one listener thread and one
+/// shard, by that listener thread (`Outbox::Local`), which then applies
+/// each batch where it decoded it: no queue, no second thread to wake.
+pub(crate) struct Shard {
+    workers: FxHashMap<WorkerId, WorkerState>,
+    out: Vec<Event>,
     skips: Arc<SkipCounters>,
     counters: Arc<Counters>,
-    shutdown: Arc<AtomicBool>,
-) {
-    let mut workers: FxHashMap<WorkerId, WorkerState> = FxHashMap::default();
-    let mut out: Vec<Event> = Vec::new();
-    loop {
-        if shutdown.load(Ordering::Relaxed) {
-            return;
-        }
-        let Ok(msg) = rx.recv() else {
-            return;
-        };
+}
+
+impl Shard {
+    pub(crate) fn new(skips: Arc<SkipCounters>, counters: Arc<Counters>) -> Shard {
+        Shard { workers: FxHashMap::default(), out: Vec::new(), skips, counters }
+    }
+
+    /// Handles one message, in the order its sender sent it.
+    pub(crate) fn handle(&mut self, msg: ShardMsg) {
         match msg {
             ShardMsg::Batch { worker, block_size, sink, events } => {
-                let state = workers
+                let state = self
+                    .workers
                     .entry(worker)
                     .or_insert_with(|| WorkerState { block_size, converter: WorkerConverter::new(block_size) });
                 if state.block_size != block_size {
@@ -94,29 +97,42 @@ pub(crate) fn run_shard(
                     // were cut at the old size and cannot be continued.
                     *state = WorkerState { block_size, converter: WorkerConverter::new(block_size) };
                 }
-                out.clear();
-                state.converter.convert(worker, &events, &mut out, &skips);
-                sink.apply_all(&out);
-                counters.batches_applied.fetch_add(1, Ordering::Relaxed);
-                counters.events_applied.fetch_add(out.len() as u64, Ordering::Relaxed);
+                self.out.clear();
+                state.converter.convert(worker, &events, &mut self.out, &self.skips);
+                sink.apply_all(&self.out);
+                self.counters.batches_applied.fetch_add(1, Ordering::Relaxed);
+                self.counters.events_applied.fetch_add(self.out.len() as u64, Ordering::Relaxed);
             }
             ShardMsg::Clear { worker, sink } => {
-                if let Some(state) = workers.get_mut(&worker) {
+                if let Some(state) = self.workers.get_mut(&worker) {
                     state.converter.reset();
                 }
                 sink.apply(&Event::cleared(worker));
             }
             ShardMsg::Remove { worker, sink, done } => {
-                workers.remove(&worker);
+                self.workers.remove(&worker);
                 sink.remove_worker(worker);
-                counters.workers_removed.fetch_add(1, Ordering::Relaxed);
+                self.counters.workers_removed.fetch_add(1, Ordering::Relaxed);
                 let _ = done.send(());
             }
             ShardMsg::Sync(done) => {
                 let _ = done.send(());
             }
+            ShardMsg::Many(msgs) => msgs.into_iter().for_each(|msg| self.handle(msg)),
             ShardMsg::Wake => {}
         }
+    }
+}
+
+/// The shard thread's loop: runs until shutdown or until every sender is
+/// gone. It sleeps in `recv` while its queue is empty (shutdown sends it a
+/// `Wake`), so an idle shard costs nothing.
+pub(crate) fn run_shard(rx: Receiver<ShardMsg>, mut shard: Shard, shutdown: Arc<AtomicBool>) {
+    while !shutdown.load(Ordering::Relaxed) {
+        let Ok(msg) = rx.recv() else {
+            return;
+        };
+        shard.handle(msg);
     }
 }
 

@@ -1,6 +1,8 @@
 //! ZMQ message shapes: the live `[topic, seq, payload]` message and the
 //! replay replies, checked before any payload is decoded.
 
+use std::ops::Deref;
+
 use super::error::WireError;
 
 /// Sequence number that ends a replay: u64::MAX (the engines send -1 as 8 bytes).
@@ -14,7 +16,8 @@ fn seq_of(frame: &[u8], what: &str) -> Result<u64, WireError> {
 }
 
 /// Checks the 3-frame shape [topic, seq(8 bytes BE), payload]; returns (seq, payload).
-pub fn split_frames(frames: &[Vec<u8>]) -> Result<(u64, &[u8]), WireError> {
+/// `frames` may be owned bytes or ZMQ messages received in place.
+pub fn split_frames<F: Deref<Target = [u8]>>(frames: &[F]) -> Result<(u64, &[u8]), WireError> {
     let [_topic, seq, payload] = frames else {
         return Err(WireError::message(format!(
             "live message has {} frames, expected 3 [topic, seq, payload]",
@@ -35,7 +38,7 @@ pub enum ReplayReply<'a> {
 
 /// Parses a replay reply: `[b"", seq, payload]` (vLLM <= 0.25, SGLang <= 0.5.20)
 /// or `[b"", topic, seq, payload]` (newer); the end marker has seq u64::MAX.
-pub fn split_replay_frames(frames: &[Vec<u8>]) -> Result<ReplayReply<'_>, WireError> {
+pub fn split_replay_frames<F: Deref<Target = [u8]>>(frames: &[F]) -> Result<ReplayReply<'_>, WireError> {
     let (delimiter, seq, payload) = match frames {
         [delimiter, seq, payload] => (delimiter, seq, payload),
         [delimiter, _topic, seq, payload] => (delimiter, seq, payload),

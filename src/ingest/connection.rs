@@ -1,0 +1,105 @@
+//! What a SUB socket's monitor says about its connection (TCP up, ZMQ
+//! handshake done or failed, lost, retrying), turned into the listener's
+//! status and `last_error`, and into the one fact its sequencer needs: the
+//! socket connected again after an earlier connection.
+
+use std::time::Duration;
+
+use super::config::{CONNECT_LOG_INTERVAL_MS, RECV_BURST_MAX};
+use super::log::LogLimiter;
+use super::status::ListenerShared;
+
+/// One SUB socket's connection as its monitor has told it.
+pub(crate) struct Connection {
+    /// Whether a ZMQ handshake ever succeeded (for clearer errors).
+    ever_connected: bool,
+    /// TCP connected, ZMQ handshake not done yet.
+    handshaking: bool,
+    /// Connection failures: the first at once, then one line per
+    /// `CONNECT_LOG_INTERVAL_MS` while the endpoint stays unreachable.
+    log: LogLimiter,
+}
+
+/// What one read of the monitor found.
+#[derive(Default)]
+pub(crate) struct MonitorRead {
+    /// A handshake succeeded after an earlier connection.
+    pub reconnected: bool,
+    /// The read stopped at the burst cap: events may be left.
+    pub more: bool,
+}
+
+impl Connection {
+    pub(crate) fn new() -> Connection {
+        Connection {
+            ever_connected: false,
+            handshaking: false,
+            log: LogLimiter::every(Duration::from_millis(CONNECT_LOG_INTERVAL_MS)),
+        }
+    }
+
+    /// Reads the events queued on `monitor` (at most `RECV_BURST_MAX`).
+    pub(crate) fn read(&mut self, monitor: &zmq::Socket, endpoint: &str, shared: &ListenerShared) -> MonitorRead {
+        let mut read = MonitorRead::default();
+        for _ in 0..RECV_BURST_MAX {
+            let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) else {
+                return read;
+            };
+            let Some(head) = frames.first().filter(|f| f.len() >= 6) else {
+                continue;
+            };
+            let event = u16::from_ne_bytes([head[0], head[1]]);
+            let value = u32::from_ne_bytes([head[2], head[3], head[4], head[5]]);
+            read.reconnected |= self.on_event(event, value, endpoint, shared);
+        }
+        read.more = true;
+        read
+    }
+
+    /// Applies one monitor event; true if it is a reconnection.
+    fn on_event(&mut self, event: u16, value: u32, endpoint: &str, shared: &ListenerShared) -> bool {
+        use zmq::SocketEvent as E;
+        if event == E::CONNECTED.to_raw() {
+            // TCP is up; the peer is not known to be a publisher until the
+            // ZMQ handshake succeeds.
+            self.handshaking = true;
+            crate::debug!("listener of {endpoint}: TCP connected, ZMQ handshake under way");
+        } else if event == E::HANDSHAKE_SUCCEEDED.to_raw() {
+            self.handshaking = false;
+            // A later outage is news again: its first failure is logged at once.
+            self.log.reset();
+            shared.set_connected(true);
+            // The first connection is no reconnection: a new listener's
+            // sequencer already treats a kept watermark as crossed by one.
+            return std::mem::replace(&mut self.ever_connected, true);
+        } else if event == E::DISCONNECTED.to_raw() {
+            shared.set_connected(false);
+            if std::mem::take(&mut self.handshaking) {
+                shared.set_failed(format!(
+                    "{endpoint} closed the connection during the ZMQ handshake; is it the engine's KV event PUB socket?"
+                ));
+            } else if !shared.is_failed() {
+                shared.set_error(format!("lost connection to {endpoint}; reconnecting"));
+            }
+        } else if event == E::CONNECT_RETRIED.to_raw() && !shared.is_failed() {
+            // A failure's reason says more than "retrying": keep it.
+            let error = if self.ever_connected {
+                format!("lost connection to {endpoint}; reconnecting, next try in {value} ms")
+            } else {
+                format!("cannot connect to {endpoint}; retrying in {value} ms (is the engine's KV event publisher up?)")
+            };
+            self.log.warn(|| format!("listener {}: {error}", shared.label()));
+            shared.set_error(error);
+        } else if event == E::HANDSHAKE_FAILED_PROTOCOL.to_raw()
+            || event == E::HANDSHAKE_FAILED_NO_DETAIL.to_raw()
+            || event == E::HANDSHAKE_FAILED_AUTH.to_raw()
+        {
+            self.handshaking = false;
+            let cause = std::io::Error::from_raw_os_error(value as i32);
+            shared.set_failed(format!(
+                "ZMQ handshake with {endpoint} failed ({cause}); is it the engine's KV event PUB socket?"
+            ));
+        }
+        false
+    }
+}
