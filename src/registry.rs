@@ -9,7 +9,8 @@
 //! request leaves no trace. Queries look an index up without the registry's
 //! lock.
 
-use crate::event::{Event, EventKind, WorkerId};
+use crate::event::{Event, WorkerId};
+use crate::event_status::ApplyCounters;
 use crate::index::{ApplyOutcome, Budget, Index, IndexConfig};
 use crate::ingest::{EventSink, Ingest, IngestError, ListenerId, ListenerInfo, ListenerSpec};
 use crate::predict::{Booked, PredictLimits, Predictions, RoutedError, RoutedRequest};
@@ -35,47 +36,6 @@ pub const INDEXES_MAX: usize = 1_024;
 
 /// Least time between two log lines about shed blocks.
 pub const SHED_LOG_INTERVAL_MS: u64 = 10_000;
-
-/// Totals of what events did to the indexes, for metrics.
-#[derive(Default)]
-pub struct ApplyCounters {
-    pub stored_events: AtomicU64,
-    pub removed_events: AtomicU64,
-    pub cleared_events: AtomicU64,
-    pub blocks_stored: AtomicU64,
-    pub blocks_removed: AtomicU64,
-    pub blocks_duplicate: AtomicU64,
-    pub blocks_unknown_parent: AtomicU64,
-    pub removes_unknown: AtomicU64,
-    pub blocks_depth_exceeded: AtomicU64,
-    pub blocks_rejected: AtomicU64,
-    /// Blocks refused at the `--max-pairs` cap.
-    pub blocks_shed: AtomicU64,
-    pub pairs_cleared: AtomicU64,
-    /// The same events by Dynamo's metric labels.
-    pub dynamo: crate::event_status::EventStatusCounters,
-}
-
-impl ApplyCounters {
-    fn add(&self, kind: &EventKind, o: &ApplyOutcome) {
-        let r = Ordering::Relaxed;
-        match kind {
-            EventKind::Stored { .. } => self.stored_events.fetch_add(1, r),
-            EventKind::Removed { .. } => self.removed_events.fetch_add(1, r),
-            EventKind::Cleared => self.cleared_events.fetch_add(1, r),
-        };
-        self.blocks_stored.fetch_add(o.stored as u64, r);
-        self.blocks_removed.fetch_add(o.removed as u64, r);
-        self.blocks_duplicate.fetch_add(o.duplicate as u64, r);
-        self.blocks_unknown_parent.fetch_add(o.unknown_parent as u64, r);
-        self.removes_unknown.fetch_add(o.unknown_removed as u64, r);
-        self.blocks_depth_exceeded.fetch_add(o.depth_exceeded as u64, r);
-        self.blocks_rejected.fetch_add(o.rejected as u64, r);
-        self.blocks_shed.fetch_add(o.shed as u64, r);
-        self.pairs_cleared.fetch_add(o.cleared as u64, r);
-        self.dynamo.add(kind, o);
-    }
-}
 
 /// Tells the operator, at most once per `SHED_LOG_INTERVAL_MS`, that the
 /// pair cap is shedding stores and what to raise; counters carry the totals.
@@ -573,17 +533,6 @@ impl Registry {
     /// Every registration, sorted by worker.
     pub fn registrations(&self) -> Vec<Registration> {
         self.inner.lock().registrations.values().cloned().collect()
-    }
-
-    /// Registered workers of one index (for zero scores in query answers).
-    pub fn registered_workers(&self, model_name: &str, tenant_id: &str) -> Vec<WorkerId> {
-        self.inner
-            .lock()
-            .registrations
-            .values()
-            .filter(|r| r.model_name == model_name && r.tenant_id == tenant_id)
-            .map(|r| r.worker)
-            .collect()
     }
 
     /// Registered instances (distinct instance ids).
