@@ -24,43 +24,25 @@ pub enum Level {
 }
 
 impl Level {
-    /// Parses `error`, `warn`, `info` or `debug`.
-    pub fn parse(s: &str) -> Option<Level> {
-        match s.to_ascii_lowercase().as_str() {
-            "error" => Some(Level::Error),
-            "warn" | "warning" => Some(Level::Warn),
-            "info" => Some(Level::Info),
-            "debug" => Some(Level::Debug),
-            _ => None,
-        }
-    }
+    const ALL: [Level; 4] = [Level::Error, Level::Warn, Level::Info, Level::Debug];
 
-    fn tag(self) -> &'static str {
-        match self {
-            Level::Error => "ERROR",
-            Level::Warn => "WARN",
-            Level::Info => "INFO",
-            Level::Debug => "DEBUG",
-        }
+    /// Parses `error`, `warn` (or `warning`), `info` or `debug`.
+    pub fn parse(s: &str) -> Option<Level> {
+        let s = s.to_ascii_lowercase();
+        Level::ALL.into_iter().find(|l| l.name() == s || (*l == Level::Warn && s == "warning"))
     }
 
     fn name(self) -> &'static str {
-        match self {
-            Level::Error => "error",
-            Level::Warn => "warn",
-            Level::Info => "info",
-            Level::Debug => "debug",
-        }
+        ["error", "warn", "info", "debug"][self as usize]
+    }
+
+    fn tag(self) -> &'static str {
+        ["ERROR", "WARN", "INFO", "DEBUG"][self as usize]
     }
 
     /// The syslog priority journald files the line under.
     fn syslog_priority(self) -> u8 {
-        match self {
-            Level::Error => 3,
-            Level::Warn => 4,
-            Level::Info => 6,
-            Level::Debug => 7,
-        }
+        [3, 4, 6, 7][self as usize]
     }
 }
 
@@ -76,11 +58,10 @@ pub enum Format {
 impl Format {
     /// Parses `text` or `json`.
     pub fn parse(s: &str) -> Option<Format> {
-        match s.to_ascii_lowercase().as_str() {
-            "text" => Some(Format::Text),
-            "json" => Some(Format::Json),
-            _ => None,
-        }
+        [("text", Format::Text), ("json", Format::Json)]
+            .into_iter()
+            .find(|(n, _)| s.eq_ignore_ascii_case(n))
+            .map(|f| f.1)
     }
 }
 
