@@ -162,7 +162,9 @@ fn the_cap_holds_over_indexes_and_a_refusal_changes_nothing() {
     let a = Predictions::new(limits.clone());
     let b = Predictions::new(limits.clone());
     assert_eq!(a.book(W1, &[1, 2, 3, 4, 5, 6], 0, 100, 0), Ok(6));
-    assert_eq!(b.book(W1, &[1, 2, 3, 4, 5], 0, 100, 0), Err(BookError::Full { asked: 5, live: 6, max: 10 }));
+    let Err(RoutedError::Full { asked, message }) = b.book(W1, &[1, 2, 3, 4, 5], 0, 100, 0) else { panic!() };
+    assert_eq!(asked, 5);
+    assert!(message.contains("6 of --predict-max-blocks 10 blocks are live"), "{message}");
     assert!(b.is_empty());
     b.check();
     assert_eq!(a.book(W1, &[1, 2, 3, 4, 5, 6], 0, 100, 0), Ok(6), "renewing takes no room");
