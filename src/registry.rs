@@ -112,15 +112,27 @@ impl IndexHandle {
 
     /// Applies an event from outside the ingest pipeline (peer recovery).
     pub fn apply(&self, event: &Event) -> ApplyOutcome {
-        let o = self.index.apply(event);
-        if !self.predictions.is_empty() {
-            self.predictions.on_event(event, &o, crate::predict::now_ms());
+        let mut outcome = ApplyOutcome::default();
+        self.apply_each(std::slice::from_ref(event), |o| outcome = *o);
+        outcome
+    }
+
+    /// Applies events in order: the index, then their worker's bookings and
+    /// the counters; `seen` gets each outcome.
+    fn apply_each(&self, events: &[Event], mut seen: impl FnMut(&ApplyOutcome)) {
+        let mut shed = 0u32;
+        let now_ms = (!self.predictions.is_empty()).then(crate::predict::now_ms);
+        self.index.apply_all(events, |e, o| {
+            if let Some(now_ms) = now_ms {
+                self.predictions.on_event(e, o, now_ms);
+            }
+            self.counters.add(&e.kind, o);
+            shed = shed.saturating_add(o.shed);
+            seen(o);
+        });
+        if shed > 0 {
+            self.shed_log.note(shed, &self.budget);
         }
-        self.counters.add(&event.kind, &o);
-        if o.shed > 0 {
-            self.shed_log.note(o.shed, &self.budget);
-        }
-        o
     }
 }
 
@@ -130,18 +142,7 @@ impl EventSink for IndexHandle {
     }
 
     fn apply_all(&self, events: &[Event]) {
-        let mut shed = 0u32;
-        let now_ms = (!self.predictions.is_empty()).then(crate::predict::now_ms);
-        self.index.apply_all(events, |e, o| {
-            if let Some(now_ms) = now_ms {
-                self.predictions.on_event(e, o, now_ms);
-            }
-            self.counters.add(&e.kind, o);
-            shed = shed.saturating_add(o.shed);
-        });
-        if shed > 0 {
-            self.shed_log.note(shed, &self.budget);
-        }
+        self.apply_each(events, |_| {});
     }
 
     fn remove_worker(&self, worker: WorkerId) {
