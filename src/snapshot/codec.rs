@@ -195,21 +195,15 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
         out.extend_from_slice(&r.worker.dp_rank.to_le_bytes());
         out.extend_from_slice(&r.block_size.to_le_bytes());
         put_str(&mut out, &r.endpoint);
-        match &r.replay_endpoint {
-            Some(e) => {
-                out.push(1);
-                put_str(&mut out, e);
-            }
-            None => out.push(0),
+        out.push(r.replay_endpoint.is_some() as u8);
+        if let Some(e) = &r.replay_endpoint {
+            put_str(&mut out, e);
         }
         put_str(&mut out, &r.model_name);
         put_str(&mut out, &r.tenant_id);
-        match r.last_seq {
-            Some(seq) => {
-                out.push(1);
-                out.extend_from_slice(&seq.to_le_bytes());
-            }
-            None => out.push(0),
+        out.push(r.last_seq.is_some() as u8);
+        if let Some(seq) = r.last_seq {
+            out.extend_from_slice(&seq.to_le_bytes());
         }
     }
     out.extend_from_slice(&(s.indexes.len() as u32).to_le_bytes());
@@ -436,23 +430,15 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
-    fn string(&mut self, what: &str, max: usize) -> Res<String> {
+    /// A non-empty UTF-8 string of at most `max` bytes.
+    fn name(&mut self, what: &str, max: usize) -> Res<String> {
         let n = self.u32()? as u64;
         let n = self.count(n, max, 1, what)?;
-        let bytes = self.take(n)?;
-        match std::str::from_utf8(bytes) {
+        match std::str::from_utf8(self.take(n)?) {
+            Ok("") => Err(self.malformed(format!("empty {what}"))),
             Ok(s) => Ok(s.to_string()),
             Err(_) => Err(self.malformed(format!("{what} is not UTF-8"))),
         }
-    }
-
-    /// A non-empty string of at most `max` bytes.
-    fn name(&mut self, what: &str, max: usize) -> Res<String> {
-        let s = self.string(what, max)?;
-        if s.is_empty() {
-            return Err(self.malformed(format!("empty {what}")));
-        }
-        Ok(s)
     }
 
     fn block_size(&mut self) -> Res<u32> {
