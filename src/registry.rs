@@ -162,7 +162,7 @@ pub struct Registration {
 }
 
 /// A `/register` request, validated for shape.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegisterArgs {
     pub instance_id: u64,
     pub dp_rank: u32,
@@ -171,6 +171,13 @@ pub struct RegisterArgs {
     pub model_name: String,
     pub tenant_id: String,
     pub block_size: u32,
+}
+
+impl RegisterArgs {
+    /// The (instance, dp rank) registered: the listener's key.
+    pub fn worker(&self) -> WorkerId {
+        WorkerId::new(self.instance_id, self.dp_rank)
+    }
 }
 
 /// Why the registry refused: each maps to one HTTP status.
@@ -329,7 +336,7 @@ impl Registry {
         if args.block_size == 0 {
             return Err(RegistryError::Invalid("block_size must be at least 1".into()));
         }
-        let worker = WorkerId::new(args.instance_id, args.dp_rank);
+        let worker = args.worker();
         let mut inner = self.inner.lock();
         if inner.registrations.contains_key(&worker) {
             return Err(RegistryError::Conflict(format!(

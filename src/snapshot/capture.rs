@@ -8,7 +8,7 @@
 //! that one dump; queries do not wait at all.
 
 use super::{now_unix_ms, SavedIndex, SavedRegistration, Snapshot};
-use crate::registry::Registry;
+use crate::registry::{RegisterArgs, Registry};
 use rustc_hash::FxHashMap;
 
 /// Captures the registry's state. Fails, writing nothing, when the writer
@@ -24,15 +24,16 @@ pub fn capture(registry: &Registry) -> Result<Snapshot, String> {
     for r in registry.registrations() {
         // An index is never removed while a registration uses it.
         let Some(h) = registry.index(&r.model_name, &r.tenant_id) else { continue };
-        registrations.push(SavedRegistration {
-            worker: r.worker,
+        let args = RegisterArgs {
+            instance_id: r.worker.instance_id,
+            dp_rank: r.worker.dp_rank,
             endpoint: r.endpoint,
             replay_endpoint: r.replay_endpoint,
             model_name: r.model_name,
             tenant_id: r.tenant_id,
             block_size: h.index.block_size(),
-            last_seq: watermarks.get(&r.worker).copied(),
-        });
+        };
+        registrations.push(SavedRegistration { args, last_seq: watermarks.get(&r.worker).copied() });
     }
     let indexes = registry
         .indexes()

@@ -38,18 +38,13 @@ pub use file::{SnapshotDir, WriteStats, FILE_NAME};
 pub use periodic::Periodic;
 pub use restore::{plan, restore, Plan, Restored};
 
-use crate::event::{Event, EventKind, WorkerId};
+use crate::event::{Event, EventKind};
+use crate::registry::RegisterArgs;
 
-/// One registration as saved: enough to register it again.
+/// One registration as saved: what registers it again, and its watermark.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SavedRegistration {
-    /// Instance and registered dp rank (the listener key).
-    pub worker: WorkerId,
-    pub endpoint: String,
-    pub replay_endpoint: Option<String>,
-    pub model_name: String,
-    pub tenant_id: String,
-    pub block_size: u32,
+    pub args: RegisterArgs,
     /// The listener's watermark: highest seq whose batch the indexes reflect.
     pub last_seq: Option<u64>,
 }
