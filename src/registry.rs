@@ -206,15 +206,11 @@ impl std::fmt::Display for RegistryError {
 
 type Key = (String, String);
 
-#[derive(Default)]
-struct Inner {
-    registrations: BTreeMap<WorkerId, Registration>,
-}
-
 /// The registry of indexes and listeners.
 pub struct Registry {
     indexes: DashMap<Key, Arc<IndexHandle>>,
-    inner: Mutex<Inner>,
+    /// Registrations by worker; held through a whole register or unregister.
+    registrations: Mutex<BTreeMap<WorkerId, Registration>>,
     ingest: Arc<Ingest>,
     jump: usize,
     pub counters: Arc<ApplyCounters>,
@@ -232,7 +228,7 @@ impl Registry {
     pub fn new(ingest: Arc<Ingest>, jump: usize, budget: Arc<Budget>) -> Registry {
         Registry {
             indexes: DashMap::new(),
-            inner: Mutex::new(Inner::default()),
+            registrations: Mutex::new(BTreeMap::new()),
             ingest,
             jump,
             counters: Default::default(),
@@ -337,14 +333,14 @@ impl Registry {
             return Err(RegistryError::Invalid("block_size must be at least 1".into()));
         }
         let worker = args.worker();
-        let mut inner = self.inner.lock();
-        if inner.registrations.contains_key(&worker) {
+        let mut registered = self.registrations.lock();
+        if registered.contains_key(&worker) {
             return Err(RegistryError::Conflict(format!(
                 "instance {} dp_rank {} is already registered; unregister it first",
                 args.instance_id, args.dp_rank
             )));
         }
-        if let Some(other) = inner.registrations.values().find(|r| {
+        if let Some(other) = registered.values().find(|r| {
             r.worker.instance_id == args.instance_id
                 && (r.model_name != args.model_name || r.tenant_id != args.tenant_id)
         }) {
@@ -389,7 +385,7 @@ impl Registry {
             args.replay_endpoint.as_deref().map(|r| format!(" replay {r}")).unwrap_or_default()
         );
         handle.set_registered(worker, true);
-        inner.registrations.insert(
+        registered.insert(
             worker,
             Registration {
                 worker,
@@ -414,9 +410,8 @@ impl Registry {
         tenant_id: Option<&str>,
         dp_rank: Option<u32>,
     ) -> Result<(), RegistryError> {
-        let mut inner = self.inner.lock();
-        let regs: Vec<Registration> = inner
-            .registrations
+        let mut registered = self.registrations.lock();
+        let regs: Vec<Registration> = registered
             .values()
             .filter(|r| {
                 r.worker.instance_id == instance_id
@@ -450,7 +445,7 @@ impl Registry {
         }
         for r in &regs {
             let fed = self.ingest.remove_listener(r.listener);
-            inner.registrations.remove(&r.worker);
+            registered.remove(&r.worker);
             let Some(h) = self.index(&r.model_name, &r.tenant_id) else {
                 continue;
             };
@@ -466,7 +461,7 @@ impl Registry {
                     r.worker.dp_rank
                 );
                 let workers = h.index.workers().into_iter();
-                let orphans = workers.filter(|w| w.instance_id == instance_id && !inner.registrations.contains_key(w));
+                let orphans = workers.filter(|w| w.instance_id == instance_id && !registered.contains_key(w));
                 std::iter::once(r.worker.dp_rank).chain(orphans.map(|w| w.dp_rank)).collect()
             });
             for rank in ranks {
@@ -491,11 +486,10 @@ impl Registry {
             .chain(held.iter().map(|(h, _)| h.clone()))
         {
             let key = (h.model_name.clone(), h.tenant_id.clone());
-            let still_registered =
-                inner.registrations.values().any(|r| (&r.model_name, &r.tenant_id) == (&key.0, &key.1));
+            let still_registered = registered.values().any(|r| (&r.model_name, &r.tenant_id) == (&key.0, &key.1));
             if !still_registered && !emptied.iter().any(|e| Arc::ptr_eq(e, &h)) {
                 // Only this handle: a racing creation cannot have replaced it
-                // (creations by registration take `inner`, held here).
+                // (creations by registration take `registrations`, held here).
                 self.indexes.remove_if(&key, |_, v| Arc::ptr_eq(v, &h));
                 crate::info!("dropped index model={:?} tenant={:?}: no worker is registered on it", key.0, key.1);
                 emptied.push(h);
@@ -540,13 +534,12 @@ impl Registry {
 
     /// Every registration, sorted by worker.
     pub fn registrations(&self) -> Vec<Registration> {
-        self.inner.lock().registrations.values().cloned().collect()
+        self.registrations.lock().values().cloned().collect()
     }
 
     /// Registered instances (distinct instance ids).
     pub fn instance_count(&self) -> usize {
-        let inner = self.inner.lock();
-        let mut ids: Vec<u64> = inner.registrations.keys().map(|w| w.instance_id).collect();
+        let mut ids: Vec<u64> = self.registrations.lock().keys().map(|w| w.instance_id).collect();
         ids.dedup();
         ids.len()
     }
