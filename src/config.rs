@@ -6,19 +6,12 @@
 //! `--access-log-local-time`); the rest are this daemon's knobs. Every value is checked here, once; a bad
 //! one is a single line on stderr and exit code 2 (see `main`).
 
-use crate::event::WorkerId;
+use crate::registry::RegisterArgs;
 use std::fmt;
 use std::path::PathBuf;
 
 /// Default cap of live (block, worker) pairs over all indexes (see README, "Limits").
 pub const MAX_PAIRS_DEFAULT: u64 = 1 << 27;
-
-/// One `--workers` item: `instance[:dp_rank]=endpoint`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerArg {
-    pub worker: WorkerId,
-    pub endpoint: String,
-}
 
 /// Everything the daemon runs with.
 #[derive(Clone, Debug)]
@@ -35,7 +28,8 @@ pub struct Config {
     pub block_size: Option<u32>,
     pub model_name: String,
     pub tenant_id: String,
-    pub workers: Vec<WorkerArg>,
+    /// `--workers`, each to register on the index of `model_name`, `tenant_id`, `block_size`.
+    pub workers: Vec<RegisterArgs>,
     pub peers: Vec<String>,
     pub replay_timeout_ms: u64,
     /// Positions per jump of the index search; 0: the index's default.
@@ -182,28 +176,30 @@ where
     }
 }
 
-/// Parses `instance[:dp_rank]=endpoint,...`.
-pub fn parse_workers(list: &str) -> Result<Vec<WorkerArg>, CliError> {
-    let mut out: Vec<WorkerArg> = Vec::new();
+/// Parses `instance[:dp_rank]=endpoint,...` into registrations on the
+/// index of `cfg`'s model, tenant and block size.
+pub fn parse_workers(list: &str, cfg: &Config) -> Result<Vec<RegisterArgs>, CliError> {
+    let mut out: Vec<RegisterArgs> = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let bad = || CliError(format!("--workers: {item:?} is not instance[:dp_rank]=endpoint"));
         let (id, endpoint) = item.split_once('=').ok_or_else(bad)?;
-        let (instance, rank) = match id.split_once(':') {
-            Some((i, r)) => (i, Some(r)),
-            None => (id, None),
-        };
+        let (instance, rank) = id.split_once(':').unwrap_or((id, "0"));
         let instance_id = instance.trim().parse::<u64>().map_err(|_| bad())?;
-        let dp_rank = match rank {
-            Some(r) => r.trim().parse::<u32>().map_err(|_| bad())?,
-            None => 0,
-        };
+        let dp_rank = rank.trim().parse::<u32>().map_err(|_| bad())?;
         let endpoint = endpoint.trim();
         crate::endpoint::validate_zmq_endpoint(endpoint).map_err(|why| CliError(format!("--workers: {why}")))?;
-        let worker = WorkerId::new(instance_id, dp_rank);
-        if out.iter().any(|w| w.worker == worker) {
+        if out.iter().any(|a| (a.instance_id, a.dp_rank) == (instance_id, dp_rank)) {
             return Err(CliError(format!("--workers: instance {instance_id} dp_rank {dp_rank} is listed twice")));
         }
-        out.push(WorkerArg { worker, endpoint: endpoint.to_string() });
+        out.push(RegisterArgs {
+            instance_id,
+            dp_rank,
+            endpoint: endpoint.to_string(),
+            replay_endpoint: None,
+            model_name: cfg.model_name.clone(),
+            tenant_id: cfg.tenant_id.clone(),
+            block_size: cfg.block_size.unwrap_or(16),
+        });
     }
     Ok(out)
 }
@@ -269,7 +265,7 @@ where
         set(&mut cfg, &mut workers, &flag, &flag, value)?;
     }
     if let Some(w) = workers {
-        cfg.workers = parse_workers(&w)?;
+        cfg.workers = parse_workers(&w, &cfg)?;
         if !cfg.workers.is_empty() && cfg.block_size.is_none() {
             return Err(CliError("--workers needs --block-size".into()));
         }
@@ -386,7 +382,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((c.port, c.writer_threads, c.block_size), (9000, 4, Some(16)));
-        assert_eq!(c.workers[1], WorkerArg { worker: WorkerId::new(2, 1), endpoint: "tcp://h:5558".into() });
+        let w = &c.workers[1];
+        assert_eq!((w.instance_id, w.dp_rank, w.endpoint.as_str()), (2, 1, "tcp://h:5558"));
+        assert_eq!((w.model_name.as_str(), w.tenant_id.as_str(), w.block_size), ("m", "t", 16));
         assert_eq!(c.peers, vec!["http://a:8090", "http://b:8091"]);
     }
 
