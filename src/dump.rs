@@ -56,7 +56,24 @@ pub struct DumpEntry {
     pub model_name: String,
     pub tenant_id: String,
     pub block_size: u32,
+    /// Events that rebuild the index when applied in order to an empty one.
     pub events: Vec<Event>,
+}
+
+impl DumpEntry {
+    /// (block, worker) pairs the events leave (a dump removes the stand-in
+    /// ancestors it stored).
+    pub fn pairs(&self) -> u64 {
+        let (mut stored, mut removed) = (0u64, 0u64);
+        for e in &self.events {
+            match &e.kind {
+                EventKind::Stored { blocks, .. } => stored += blocks.len() as u64,
+                EventKind::Removed { engine_hashes } => removed += engine_hashes.len() as u64,
+                EventKind::Cleared => {}
+            }
+        }
+        stored.saturating_sub(removed)
+    }
 }
 
 /// A parsed dump and what was left out of it.

@@ -9,6 +9,7 @@
 //! request leaves no trace. Queries look an index up without the registry's
 //! lock.
 
+use crate::dump::DumpEntry;
 use crate::event::{Event, WorkerId};
 use crate::event_status::ApplyCounters;
 use crate::index::{ApplyOutcome, Budget, Index, IndexConfig};
@@ -94,6 +95,16 @@ impl IndexHandle {
     pub fn remove_worker(&self, worker: WorkerId) {
         self.index.remove_worker(worker);
         self.predictions.drop_worker(worker);
+    }
+
+    /// The index's events, as `/dump` and snapshots hold them.
+    pub fn dump(&self) -> DumpEntry {
+        DumpEntry {
+            model_name: self.model_name.clone(),
+            tenant_id: self.tenant_id.clone(),
+            block_size: self.index.block_size(),
+            events: self.index.dump_events(),
+        }
     }
 
     /// The workers registered to this index, sorted.

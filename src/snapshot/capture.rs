@@ -7,7 +7,7 @@
 //! Each index is dumped under its own writer lock, so its shards wait for
 //! that one dump; queries do not wait at all.
 
-use super::{now_unix_ms, SavedIndex, SavedRegistration, Snapshot};
+use super::{now_unix_ms, SavedRegistration, Snapshot};
 use crate::registry::{RegisterArgs, Registry};
 use rustc_hash::FxHashMap;
 
@@ -35,16 +35,7 @@ pub fn capture(registry: &Registry) -> Result<Snapshot, String> {
         };
         registrations.push(SavedRegistration { args, last_seq: watermarks.get(&r.worker).copied() });
     }
-    let indexes = registry
-        .indexes()
-        .iter()
-        .map(|h| SavedIndex {
-            model_name: h.model_name.clone(),
-            tenant_id: h.tenant_id.clone(),
-            block_size: h.index.block_size(),
-            events: h.index.dump_events(),
-        })
-        .collect();
+    let indexes = registry.indexes().iter().map(|h| h.dump()).collect();
     Ok(Snapshot {
         created_unix_ms: now_unix_ms(),
         daemon_version: crate::version().to_string(),
