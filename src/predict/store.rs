@@ -119,11 +119,6 @@ impl Predictions {
         self.book.read().blocks
     }
 
-    /// Live bookings of this index (expired ones until swept).
-    pub fn bookings(&self) -> u64 {
-        self.live_bookings.load(Ordering::Relaxed)
-    }
-
     /// Books `locals[from..]` (a request's blocks past the `from` the
     /// worker holds on its device) for `worker` until `now_ms + ttl_ms`.
     /// Returns the blocks predicted: 0 when the worker holds them all.
@@ -326,28 +321,6 @@ impl Predictions {
         self.live_bookings.store(book.bookings, Ordering::Relaxed);
         self.limits.release(blocks);
         self.limits.count(counter, blocks);
-    }
-
-    /// Checks the invariants of the module doc; panics on a breach. For tests.
-    #[doc(hidden)]
-    pub fn check(&self) {
-        let book = self.book.read();
-        let mut blocks = 0;
-        let mut bookings = 0;
-        for wb in book.workers.values() {
-            assert!(!wb.bookings.is_empty(), "a worker without bookings is removed");
-            for (p, id) in &wb.positions {
-                let b = wb.bookings.get(id).expect("a position names a live booking");
-                assert!(b.prefixes.contains(p), "the booking a position names holds it");
-            }
-            for b in wb.bookings.values() {
-                assert!(!b.prefixes.is_empty() && b.prefixes.len() == b.locals.len());
-                blocks += b.prefixes.len() as u64;
-            }
-            bookings += wb.bookings.len() as u64;
-        }
-        assert_eq!((blocks, bookings), (book.blocks, book.bookings));
-        assert_eq!(bookings, self.live_bookings.load(Ordering::Relaxed));
     }
 }
 

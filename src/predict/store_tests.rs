@@ -5,6 +5,34 @@ use crate::predict::Predicted;
 const W1: WorkerId = WorkerId::new(1, 0);
 const W2: WorkerId = WorkerId::new(2, 0);
 
+impl Predictions {
+    /// Live bookings of this index (expired ones until swept).
+    fn bookings(&self) -> u64 {
+        self.live_bookings.load(Ordering::Relaxed)
+    }
+
+    /// Checks the invariants of the module doc; panics on a breach.
+    fn check(&self) {
+        let book = self.book.read();
+        let mut blocks = 0;
+        let mut bookings = 0;
+        for wb in book.workers.values() {
+            assert!(!wb.bookings.is_empty(), "a worker without bookings is removed");
+            for (p, id) in &wb.positions {
+                let b = wb.bookings.get(id).expect("a position names a live booking");
+                assert!(b.prefixes.contains(p), "the booking a position names holds it");
+            }
+            for b in wb.bookings.values() {
+                assert!(!b.prefixes.is_empty() && b.prefixes.len() == b.locals.len());
+                blocks += b.prefixes.len() as u64;
+            }
+            bookings += wb.bookings.len() as u64;
+        }
+        assert_eq!((blocks, bookings), (book.blocks, book.bookings));
+        assert_eq!(bookings, self.live_bookings.load(Ordering::Relaxed));
+    }
+}
+
 fn store(max_blocks: u64) -> Predictions {
     Predictions::new(Arc::new(PredictLimits::new(max_blocks, 100)))
 }
