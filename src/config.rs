@@ -6,19 +6,12 @@
 //! `--access-log-local-time`); the rest are this daemon's knobs. Every value is checked here, once; a bad
 //! one is a single line on stderr and exit code 2 (see `main`).
 
-use crate::event::WorkerId;
+use crate::registry::RegisterArgs;
 use std::fmt;
 use std::path::PathBuf;
 
 /// Default cap of live (block, worker) pairs over all indexes (see README, "Limits").
 pub const MAX_PAIRS_DEFAULT: u64 = 1 << 27;
-
-/// One `--workers` item: `instance[:dp_rank]=endpoint`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerArg {
-    pub worker: WorkerId,
-    pub endpoint: String,
-}
 
 /// Everything the daemon runs with.
 #[derive(Clone, Debug)]
@@ -35,7 +28,8 @@ pub struct Config {
     pub block_size: Option<u32>,
     pub model_name: String,
     pub tenant_id: String,
-    pub workers: Vec<WorkerArg>,
+    /// `--workers`, each to register on the index of `model_name`, `tenant_id`, `block_size`.
+    pub workers: Vec<RegisterArgs>,
     pub peers: Vec<String>,
     pub replay_timeout_ms: u64,
     /// Positions per jump of the index search; 0: the index's default.
@@ -182,28 +176,30 @@ where
     }
 }
 
-/// Parses `instance[:dp_rank]=endpoint,...`.
-pub fn parse_workers(list: &str) -> Result<Vec<WorkerArg>, CliError> {
-    let mut out: Vec<WorkerArg> = Vec::new();
+/// Parses `instance[:dp_rank]=endpoint,...` into registrations on the
+/// index of `cfg`'s model, tenant and block size.
+pub fn parse_workers(list: &str, cfg: &Config) -> Result<Vec<RegisterArgs>, CliError> {
+    let mut out: Vec<RegisterArgs> = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let bad = || CliError(format!("--workers: {item:?} is not instance[:dp_rank]=endpoint"));
         let (id, endpoint) = item.split_once('=').ok_or_else(bad)?;
-        let (instance, rank) = match id.split_once(':') {
-            Some((i, r)) => (i, Some(r)),
-            None => (id, None),
-        };
+        let (instance, rank) = id.split_once(':').unwrap_or((id, "0"));
         let instance_id = instance.trim().parse::<u64>().map_err(|_| bad())?;
-        let dp_rank = match rank {
-            Some(r) => r.trim().parse::<u32>().map_err(|_| bad())?,
-            None => 0,
-        };
+        let dp_rank = rank.trim().parse::<u32>().map_err(|_| bad())?;
         let endpoint = endpoint.trim();
         crate::endpoint::validate_zmq_endpoint(endpoint).map_err(|why| CliError(format!("--workers: {why}")))?;
-        let worker = WorkerId::new(instance_id, dp_rank);
-        if out.iter().any(|w| w.worker == worker) {
+        if out.iter().any(|a| (a.instance_id, a.dp_rank) == (instance_id, dp_rank)) {
             return Err(CliError(format!("--workers: instance {instance_id} dp_rank {dp_rank} is listed twice")));
         }
-        out.push(WorkerArg { worker, endpoint: endpoint.to_string() });
+        out.push(RegisterArgs {
+            instance_id,
+            dp_rank,
+            endpoint: endpoint.to_string(),
+            replay_endpoint: None,
+            model_name: cfg.model_name.clone(),
+            tenant_id: cfg.tenant_id.clone(),
+            block_size: cfg.block_size.unwrap_or(16),
+        });
     }
     Ok(out)
 }
@@ -230,154 +226,118 @@ where
 {
     use lexopt::prelude::*;
     let mut cfg = Config::default();
-    for name in ["DYN_ROUTER_MIN_INITIAL_WORKERS", "KV_INDEXER_MIN_INITIAL_WORKERS"] {
-        if let Some(v) = env(name).filter(|v| !v.trim().is_empty()) {
-            cfg.min_initial_workers = parse_num(name, &v, 0, 1_000_000)?;
+    let mut workers = None;
+    // The environment first, so a flag wins; each variable reads like its flag.
+    for (var, flag) in [
+        ("DYN_ROUTER_MIN_INITIAL_WORKERS", "--min-initial-workers"),
+        ("KV_INDEXER_MIN_INITIAL_WORKERS", "--min-initial-workers"),
+        ("KV_INDEXER_LOG", "--log-level"),
+        ("KV_INDEXER_LOG_FORMAT", "--log-format"),
+        ("KV_INDEXER_ADMIN_TOKEN", "--admin-token"),
+    ] {
+        // A blank variable is unset, but a token is taken as written.
+        let set_to = |v: &String| if flag == "--admin-token" { !v.is_empty() } else { !v.trim().is_empty() };
+        if let Some(v) = env(var).filter(set_to) {
+            set(&mut cfg, &mut workers, flag, var, || Ok(v))?;
         }
     }
-    if let Some(v) = env("KV_INDEXER_LOG").filter(|v| !v.trim().is_empty()) {
-        cfg.log_level =
-            crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("KV_INDEXER_LOG: unknown level {v:?}")))?;
-    }
-    if let Some(v) = env("KV_INDEXER_LOG_FORMAT").filter(|v| !v.trim().is_empty()) {
-        cfg.log_format = crate::log::Format::parse(&v)
-            .ok_or_else(|| CliError(format!("KV_INDEXER_LOG_FORMAT: {v:?} is not text or json")))?;
-    }
-    if let Some(v) = env("KV_INDEXER_ADMIN_TOKEN").filter(|v| !v.is_empty()) {
-        let t = crate::http::auth::AdminToken::new(&v).map_err(|e| CliError(format!("KV_INDEXER_ADMIN_TOKEN: {e}")))?;
-        cfg.admin_token = Some(t);
-    }
     let mut parser = lexopt::Parser::from_args(args);
-    let mut workers_arg = None;
-    loop {
-        let arg = match parser.next() {
-            Ok(Some(a)) => a,
-            Ok(None) => break,
-            Err(e) => return Err(CliError(e.to_string())),
-        };
+    while let Some(arg) = parser.next().map_err(|e| CliError(e.to_string()))? {
         let flag = match &arg {
+            Short('h') | Long("help") => return Ok(Command::Help),
+            Short('V') | Long("version") => return Ok(Command::Version),
+            Long("no-pin") => {
+                cfg.pin_threads = false;
+                continue;
+            }
+            Long("access-log-local-time") => {
+                cfg.access_log.local_time = true;
+                continue;
+            }
             Long(l) => format!("--{l}"),
             Short(c) => format!("-{c}"),
             Value(v) => return Err(CliError(format!("unexpected argument {v:?}; see --help"))),
         };
-        if matches!(arg, Short('h') | Long("help")) {
-            return Ok(Command::Help);
-        }
-        if matches!(arg, Short('V') | Long("version")) {
-            return Ok(Command::Version);
-        }
-        if matches!(arg, Long("no-pin")) {
-            cfg.pin_threads = false;
-            continue;
-        }
-        if matches!(arg, Long("access-log-local-time")) {
-            cfg.access_log.local_time = true;
-            continue;
-        }
-        let known = [
-            "--port",
-            "--host",
-            "--unix-socket",
-            "--threads",
-            "--listener-threads",
-            "--http-connections-max",
-            "--http-head-timeout-s",
-            "--http-body-timeout-s",
-            "--block-size",
-            "--model-name",
-            "--tenant-id",
-            "--routing-group",
-            "--workers",
-            "--peers",
-            "--replay-timeout-ms",
-            "--body-limit-bytes",
-            "--jump",
-            "--min-initial-workers",
-            "--slow-joiner-ms",
-            "--peer-timeout-ms",
-            "--log-level",
-            "--log-format",
-            "--max-pairs",
-            "--predict-max-blocks",
-            "--predict-ttl-ms",
-            "--admin-token",
-            "--snapshot-dir",
-            "--snapshot-interval-s",
-            "--access-log",
-            "--trace-id-header",
-        ];
-        if !known.contains(&flag.as_str()) {
-            return Err(CliError(format!("unknown option {flag}; see --help")));
-        }
-        let value = parser.value().map_err(|_| CliError(format!("{flag} needs a value")))?;
-        let v = value.into_string().map_err(|_| CliError(format!("{flag}: value is not valid UTF-8")))?;
-        match flag.as_str() {
-            "--port" => cfg.port = parse_num(&flag, &v, 0, u16::MAX)?,
-            "--host" => {
-                if v.trim().is_empty() {
-                    return Err(CliError("--host: empty address".into()));
-                }
-                cfg.host = v.trim().to_string()
-            }
-            "--unix-socket" => cfg.unix_socket = Some(PathBuf::from(v)),
-            "--threads" => cfg.writer_threads = parse_num(&flag, &v, 1, 1024)?,
-            "--listener-threads" => cfg.listener_threads = parse_num(&flag, &v, 1, 1024)?,
-            "--http-connections-max" => cfg.http.connections_max = parse_num(&flag, &v, 1, 65_536)?,
-            "--http-head-timeout-s" => cfg.http.head_timeout_s = parse_num(&flag, &v, 1, 3_600)?,
-            "--http-body-timeout-s" => cfg.http.body_timeout_s = parse_num(&flag, &v, 1, 3_600)?,
-            "--block-size" => cfg.block_size = Some(parse_num(&flag, &v, 1, 1 << 20)?),
-            "--model-name" => cfg.model_name = non_empty(&flag, v)?,
-            "--tenant-id" | "--routing-group" => cfg.tenant_id = non_empty(&flag, v)?,
-            "--workers" => workers_arg = Some(v),
-            "--peers" => cfg.peers = parse_peers(&v)?,
-            "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(&flag, &v, 1, 600_000)?,
-            "--body-limit-bytes" => cfg.http.body_limit_bytes = parse_num(&flag, &v, 1024, 1 << 30)?,
-            "--jump" => cfg.jump = parse_num(&flag, &v, 1, 4096)?,
-            "--min-initial-workers" => cfg.min_initial_workers = parse_num(&flag, &v, 0, 1_000_000)?,
-            "--slow-joiner-ms" => cfg.slow_joiner_ms = parse_num(&flag, &v, 0, 600_000)?,
-            "--peer-timeout-ms" => cfg.peer_timeout_ms = parse_num(&flag, &v, 1, 600_000)?,
-            "--max-pairs" => cfg.max_pairs = parse_num(&flag, &v, 0, u64::MAX)?,
-            "--predict-max-blocks" => cfg.predict_max_blocks = parse_num(&flag, &v, 1, 1 << 30)?,
-            "--predict-ttl-ms" => cfg.predict_ttl_ms = parse_num(&flag, &v, 1, crate::predict::TTL_MS_MAX)?,
-            "--admin-token" => {
-                let t = crate::http::auth::AdminToken::new(&v).map_err(|e| CliError(format!("--admin-token: {e}")))?;
-                cfg.admin_token = Some(t);
-            }
-            "--log-level" => {
-                cfg.log_level =
-                    crate::log::Level::parse(&v).ok_or_else(|| CliError(format!("--log-level: unknown level {v:?}")))?
-            }
-            "--log-format" => {
-                cfg.log_format = crate::log::Format::parse(&v)
-                    .ok_or_else(|| CliError(format!("--log-format: {v:?} is not text or json")))?
-            }
-            "--snapshot-dir" => {
-                if v.trim().is_empty() {
-                    return Err(CliError("--snapshot-dir: empty path".into()));
-                }
-                cfg.snapshot_dir = Some(PathBuf::from(v))
-            }
-            "--snapshot-interval-s" => cfg.snapshot_interval_s = parse_num(&flag, &v, 0, 86_400)?,
-            "--access-log" => {
-                if v.trim().is_empty() {
-                    return Err(CliError("--access-log: empty path".into()));
-                }
-                cfg.access_log.path = Some(PathBuf::from(v))
-            }
-            "--trace-id-header" => {
-                cfg.access_log.trace_id_header =
-                    crate::http::access_log::header_name(&v).map_err(|e| CliError(format!("--trace-id-header: {e}")))?
-            }
-            _ => unreachable!("checked against the known list"),
-        }
+        let value = || {
+            let value = parser.value().map_err(|_| CliError(format!("{flag} needs a value")))?;
+            value.into_string().map_err(|_| CliError(format!("{flag}: value is not valid UTF-8")))
+        };
+        set(&mut cfg, &mut workers, &flag, &flag, value)?;
     }
-    if let Some(w) = workers_arg {
-        cfg.workers = parse_workers(&w)?;
+    if let Some(w) = workers {
+        cfg.workers = parse_workers(&w, &cfg)?;
         if !cfg.workers.is_empty() && cfg.block_size.is_none() {
             return Err(CliError("--workers needs --block-size".into()));
         }
     }
     Ok(Command::Run(Box::new(cfg)))
+}
+
+/// Sets what `flag` configures to `value()`, asked for only when the flag
+/// is known; errors start with `name` (the flag, or its environment variable).
+/// `--workers` is kept as given until every flag is read (it needs `--block-size`).
+fn set(
+    cfg: &mut Config,
+    workers: &mut Option<String>,
+    flag: &str,
+    name: &str,
+    value: impl FnOnce() -> Result<String, CliError>,
+) -> Result<(), CliError> {
+    use crate::log::{Format, Level};
+    let path = |v: String| non_blank(name, &v, "path").map(PathBuf::from);
+    match flag {
+        "--port" => cfg.port = parse_num(name, &value()?, 0, u16::MAX)?,
+        "--host" => cfg.host = non_blank(name, &value()?, "address")?.trim().to_string(),
+        "--unix-socket" => cfg.unix_socket = Some(PathBuf::from(value()?)),
+        "--threads" => cfg.writer_threads = parse_num(name, &value()?, 1, 1024)?,
+        "--listener-threads" => cfg.listener_threads = parse_num(name, &value()?, 1, 1024)?,
+        "--http-connections-max" => cfg.http.connections_max = parse_num(name, &value()?, 1, 65_536)?,
+        "--http-head-timeout-s" => cfg.http.head_timeout_s = parse_num(name, &value()?, 1, 3_600)?,
+        "--http-body-timeout-s" => cfg.http.body_timeout_s = parse_num(name, &value()?, 1, 3_600)?,
+        "--block-size" => cfg.block_size = Some(parse_num(name, &value()?, 1, 1 << 20)?),
+        "--model-name" => cfg.model_name = non_empty(name, value()?)?,
+        "--tenant-id" | "--routing-group" => cfg.tenant_id = non_empty(name, value()?)?,
+        "--workers" => *workers = Some(value()?),
+        "--peers" => cfg.peers = parse_peers(&value()?)?,
+        "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(name, &value()?, 1, 600_000)?,
+        "--body-limit-bytes" => cfg.http.body_limit_bytes = parse_num(name, &value()?, 1024, 1 << 30)?,
+        "--jump" => cfg.jump = parse_num(name, &value()?, 1, 4096)?,
+        "--min-initial-workers" => cfg.min_initial_workers = parse_num(name, &value()?, 0, 1_000_000)?,
+        "--slow-joiner-ms" => cfg.slow_joiner_ms = parse_num(name, &value()?, 0, 600_000)?,
+        "--peer-timeout-ms" => cfg.peer_timeout_ms = parse_num(name, &value()?, 1, 600_000)?,
+        "--max-pairs" => cfg.max_pairs = parse_num(name, &value()?, 0, u64::MAX)?,
+        "--predict-max-blocks" => cfg.predict_max_blocks = parse_num(name, &value()?, 1, 1 << 30)?,
+        "--predict-ttl-ms" => cfg.predict_ttl_ms = parse_num(name, &value()?, 1, crate::predict::TTL_MS_MAX)?,
+        "--admin-token" => {
+            let t = crate::http::auth::AdminToken::new(&value()?).map_err(|e| CliError(format!("{name}: {e}")))?;
+            cfg.admin_token = Some(t);
+        }
+        "--log-level" => {
+            let v = value()?;
+            cfg.log_level = Level::parse(&v).ok_or_else(|| CliError(format!("{name}: unknown level {v:?}")))?
+        }
+        "--log-format" => {
+            let v = value()?;
+            cfg.log_format = Format::parse(&v).ok_or_else(|| CliError(format!("{name}: {v:?} is not text or json")))?
+        }
+        "--snapshot-dir" => cfg.snapshot_dir = Some(path(value()?)?),
+        "--snapshot-interval-s" => cfg.snapshot_interval_s = parse_num(name, &value()?, 0, 86_400)?,
+        "--access-log" => cfg.access_log.path = Some(path(value()?)?),
+        "--trace-id-header" => {
+            cfg.access_log.trace_id_header =
+                crate::http::access_log::header_name(&value()?).map_err(|e| CliError(format!("{name}: {e}")))?
+        }
+        _ => return Err(CliError(format!("unknown option {flag}; see --help"))),
+    }
+    Ok(())
+}
+
+/// `v`, unless it is blank: then "`flag`: empty `what`".
+fn non_blank<'a>(flag: &str, v: &'a str, what: &str) -> Result<&'a str, CliError> {
+    if v.trim().is_empty() {
+        return Err(CliError(format!("{flag}: empty {what}")));
+    }
+    Ok(v)
 }
 
 fn non_empty(flag: &str, v: String) -> Result<String, CliError> {
@@ -422,7 +382,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((c.port, c.writer_threads, c.block_size), (9000, 4, Some(16)));
-        assert_eq!(c.workers[1], WorkerArg { worker: WorkerId::new(2, 1), endpoint: "tcp://h:5558".into() });
+        let w = &c.workers[1];
+        assert_eq!((w.instance_id, w.dp_rank, w.endpoint.as_str()), (2, 1, "tcp://h:5558"));
+        assert_eq!((w.model_name.as_str(), w.tenant_id.as_str(), w.block_size), ("m", "t", 16));
         assert_eq!(c.peers, vec!["http://a:8090", "http://b:8091"]);
     }
 

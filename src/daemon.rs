@@ -26,7 +26,7 @@ use crate::ingest::{Ingest, IngestConfig};
 use crate::peers::Peers;
 use crate::readiness::Readiness;
 use crate::recovery;
-use crate::registry::{RegisterArgs, Registry};
+use crate::registry::Registry;
 use crate::snapshot::{self, Periodic, SnapshotDir};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -67,19 +67,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let budget = Arc::new(crate::index::Budget::new(cfg.max_pairs));
     let predict = crate::predict::PredictLimits::new(cfg.predict_max_blocks, cfg.predict_ttl_ms);
     let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump, budget).with_predict(predict));
-    let workers: Vec<RegisterArgs> = cfg
-        .workers
-        .iter()
-        .map(|w| RegisterArgs {
-            instance_id: w.worker.instance_id,
-            dp_rank: w.worker.dp_rank,
-            endpoint: w.endpoint.clone(),
-            replay_endpoint: None,
-            model_name: cfg.model_name.clone(),
-            tenant_id: cfg.tenant_id.clone(),
-            block_size: cfg.block_size.unwrap_or(16),
-        })
-        .collect();
+    let workers = cfg.workers.clone();
     let restored = saved.is_some();
     match saved {
         Some(s) => {

@@ -38,6 +38,7 @@
 //! bounded by `DUMP_BYTES_MAX`.
 
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
+use crate::hash::JsonHash;
 use crate::json::out::{push_str, push_u64};
 use crate::json::BodyError;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -55,7 +56,24 @@ pub struct DumpEntry {
     pub model_name: String,
     pub tenant_id: String,
     pub block_size: u32,
+    /// Events that rebuild the index when applied in order to an empty one.
     pub events: Vec<Event>,
+}
+
+impl DumpEntry {
+    /// (block, worker) pairs the events leave (a dump removes the stand-in
+    /// ancestors it stored).
+    pub fn pairs(&self) -> u64 {
+        let (mut stored, mut removed) = (0u64, 0u64);
+        for e in &self.events {
+            match &e.kind {
+                EventKind::Stored { blocks, .. } => stored += blocks.len() as u64,
+                EventKind::Removed { engine_hashes } => removed += engine_hashes.len() as u64,
+                EventKind::Cleared => {}
+            }
+        }
+        stored.saturating_sub(removed)
+    }
 }
 
 /// A parsed dump and what was left out of it.
@@ -334,7 +352,7 @@ enum WireData {
 #[derive(Deserialize)]
 struct WireStore {
     #[serde(default)]
-    parent_hash: Option<Hash>,
+    parent_hash: Option<JsonHash>,
     #[serde(default, rename = "start_position")]
     _start_position: Option<u32>,
     blocks: Vec<WireBlock>,
@@ -342,15 +360,15 @@ struct WireStore {
 
 #[derive(Deserialize)]
 struct WireBlock {
-    block_hash: Hash,
-    tokens_hash: Hash,
+    block_hash: JsonHash,
+    tokens_hash: JsonHash,
     #[serde(default, rename = "mm_extra_info")]
     _mm_extra_info: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize)]
 struct WireRemove {
-    block_hashes: Vec<Hash>,
+    block_hashes: Vec<JsonHash>,
 }
 
 /// A storage tier; None for a name we do not know.
@@ -393,28 +411,6 @@ impl<'de> Deserialize<'de> for WireDomain {
         // tolerant wire type does: only "worker" is ours.
         let v = serde_json::Value::deserialize(d)?;
         Ok(if v.as_str() == Some("worker") { WireDomain::Worker } else { WireDomain::Unsupported })
-    }
-}
-
-/// A block hash: a u64, or a negative i64 taken as two's complement.
-struct Hash(u64);
-
-impl<'de> Deserialize<'de> for Hash {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Hash;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an integer hash in [-2^63, 2^64)")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Hash, E> {
-                Ok(Hash(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Hash, E> {
-                Ok(Hash(v as u64))
-            }
-        }
-        d.deserialize_any(V)
     }
 }
 

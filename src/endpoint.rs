@@ -62,12 +62,10 @@ fn host_port(address: &str) -> Result<(), &'static str> {
     let Some((host, port)) = address.rsplit_once(':') else {
         return Err("missing port");
     };
-    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+    // Digits only: `parse` would take a sign.
+    let digits = port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+    if !digits || !matches!(port.parse::<u32>(), Ok(1..=65535)) {
         return Err("port must be a number 1-65535");
-    }
-    match port.parse::<u32>() {
-        Ok(1..=65535) => {}
-        _ => return Err("port must be a number 1-65535"),
     }
     if host.is_empty() {
         return Err("missing host");

@@ -46,12 +46,7 @@ impl StorageTier {
 
     /// The name used in Dynamo's RouterEvent JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            StorageTier::Device => "device",
-            StorageTier::HostPinned => "host_pinned",
-            StorageTier::Disk => "disk",
-            StorageTier::External => "external",
-        }
+        ["device", "host_pinned", "disk", "external"][self.index()]
     }
 
     /// Parses a RouterEvent `storage_tier` name.

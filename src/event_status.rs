@@ -1,6 +1,9 @@
-//! Dynamo's per-event metric families, so a dashboard built for Dynamo's
-//! indexer reads ours unchanged (label values from dynamo-kv-router 1.6.1,
-//! `src/indexer/metrics.rs`):
+//! What applied events did, counted for `/metrics` (counts only; applies
+//! nothing): ours, `kv_indexer_events_applied_total{type}` and
+//! `kv_indexer_blocks_total{outcome}` with every block outcome of the
+//! index, and Dynamo's per-event families, so a dashboard built for
+//! Dynamo's indexer reads ours unchanged (label values from
+//! dynamo-kv-router 1.6.1, `src/indexer/metrics.rs`):
 //!
 //! - `dynamo_kvrouter_kv_cache_events_applied{event_type,status}`: one per
 //!   event applied, `event_type` `stored|removed|cleared`, `status` `ok` or
@@ -19,19 +22,28 @@
 //!   finer than an event's status, as Dynamo's filter index counts them:
 //!   `unknown_remove` (removed blocks the worker did not hold) and
 //!   `capacity_exhausted` (stored blocks refused for room).
-//!
-//! Our own `kv_indexer_events_applied_total` and `kv_indexer_blocks_total`
-//! stay beside them with finer block outcomes.
 
 use crate::event::EventKind;
 use crate::index::ApplyOutcome;
 use crate::metrics::Prom;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// `event_type` label values, in counter order.
-pub const EVENT_TYPES: [&str; 3] = ["stored", "removed", "cleared"];
+/// `type` and `event_type` label values, in counter order.
+const EVENT_TYPES: [&str; 3] = ["stored", "removed", "cleared"];
+/// `kv_indexer_blocks_total` outcome label values, in counter order (as `blocks_of`).
+const OUTCOMES: [&str; 9] = [
+    "stored",
+    "removed",
+    "duplicate",
+    "unknown_parent",
+    "unknown_removed",
+    "depth_exceeded",
+    "rejected",
+    "shed",
+    "cleared",
+];
 /// `status` label values, in counter order.
-pub const STATUSES: [&str; 9] = [
+const STATUSES: [&str; 9] = [
     "ok",
     "parent_block_not_found",
     "block_not_found",
@@ -50,13 +62,16 @@ const INVALID_BLOCK: usize = 3;
 const CAPACITY_EXHAUSTED: usize = 4;
 const UNSUPPORTED_RESIDENCY: usize = 8;
 
-/// The counters behind Dynamo's families.
+/// Totals of what events did to the indexes.
 #[derive(Default)]
-pub struct EventStatusCounters {
+pub struct ApplyCounters {
+    /// Events by type.
+    events: [AtomicU64; EVENT_TYPES.len()],
+    /// Blocks by outcome.
+    blocks: [AtomicU64; OUTCOMES.len()],
+    /// Events by type and Dynamo's status.
     applied: [[AtomicU64; STATUSES.len()]; EVENT_TYPES.len()],
     duplicate_store: AtomicU64,
-    unknown_remove: AtomicU64,
-    capacity_exhausted: AtomicU64,
 }
 
 fn type_index(kind: &EventKind) -> usize {
@@ -67,11 +82,22 @@ fn type_index(kind: &EventKind) -> usize {
     }
 }
 
-/// The status Dynamo would give an event with outcome `o`.
-pub fn status_of(kind: &EventKind, o: &ApplyOutcome) -> &'static str {
-    STATUSES[status_index(kind, o)]
+/// An outcome's block counts, in `OUTCOMES` order.
+fn blocks_of(o: &ApplyOutcome) -> [u32; OUTCOMES.len()] {
+    [
+        o.stored,
+        o.removed,
+        o.duplicate,
+        o.unknown_parent,
+        o.unknown_removed,
+        o.depth_exceeded,
+        o.rejected,
+        o.shed,
+        o.cleared,
+    ]
 }
 
+/// The status Dynamo would give an event with outcome `o`.
 fn status_index(kind: &EventKind, o: &ApplyOutcome) -> usize {
     match kind {
         EventKind::Stored { .. } if o.shed > 0 || o.rejected > 0 => CAPACITY_EXHAUSTED,
@@ -82,61 +108,68 @@ fn status_index(kind: &EventKind, o: &ApplyOutcome) -> usize {
     }
 }
 
-impl EventStatusCounters {
+impl ApplyCounters {
     /// Counts one applied event.
     pub fn add(&self, kind: &EventKind, o: &ApplyOutcome) {
         let r = Ordering::Relaxed;
-        self.applied[type_index(kind)][status_index(kind, o)].fetch_add(1, r);
+        let t = type_index(kind);
+        self.events[t].fetch_add(1, r);
+        for (c, n) in self.blocks.iter().zip(blocks_of(o)) {
+            if n > 0 {
+                c.fetch_add(u64::from(n), r);
+            }
+        }
+        self.applied[t][status_index(kind, o)].fetch_add(1, r);
         if o.duplicate > 0 {
             self.duplicate_store.fetch_add(1, r);
         }
-        if o.unknown_removed > 0 {
-            self.unknown_remove.fetch_add(u64::from(o.unknown_removed), r);
+    }
+
+    /// Counts events skipped for their residency domain, by type (stored, removed, cleared).
+    pub fn add_unsupported_residency(&self, by_type: [u64; 3]) {
+        for (t, n) in by_type.into_iter().enumerate() {
+            self.applied[t][UNSUPPORTED_RESIDENCY].fetch_add(n, Ordering::Relaxed);
         }
-        if o.shed > 0 || o.rejected > 0 {
-            self.capacity_exhausted.fetch_add(u64::from(o.shed) + u64::from(o.rejected), r);
-        }
     }
 
-    /// Counts `n` events of `kind` skipped for their residency domain.
-    pub fn add_unsupported_residency(&self, kind: &EventKind, n: u64) {
-        self.applied[type_index(kind)][UNSUPPORTED_RESIDENCY].fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Events of type `event_type` (index into `EVENT_TYPES`) with `status`.
-    pub fn applied(&self, event_type: usize, status: usize) -> u64 {
-        self.applied[event_type][status].load(Ordering::Relaxed)
-    }
-
-    /// Writes the three families. Every label pair is written, zeros too,
-    /// as Dynamo's pre-bound counters are. Dynamo's names for the first two
-    /// lack `_total`, which a counter must have to pass `promtool check
-    /// metrics`, so they are typed `untyped`: the names and values a
-    /// dashboard reads stay Dynamo's, and `rate()` works the same.
+    /// Writes our two families, then Dynamo's three. Every label pair is
+    /// written, zeros too, as Dynamo's pre-bound counters are. Dynamo's
+    /// names for the first two lack `_total`, which a counter must have to
+    /// pass `promtool check metrics`, so they are typed `untyped`: the names
+    /// and values a dashboard reads stay Dynamo's, and `rate()` works the same.
     pub fn render(&self, p: &mut Prom) {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64;
+        let events = EVENT_TYPES.iter().zip(&self.events).map(|(t, c)| (*t, load(c)));
+        p.labelled("kv_indexer_events_applied_total", "counter", "Events applied to indexes, by type.", "type", events);
+        let blocks = OUTCOMES.iter().zip(&self.blocks).map(|(o, c)| (*o, load(c)));
+        p.labelled("kv_indexer_blocks_total", "counter", "Blocks of applied events, by outcome.", "outcome", blocks);
+
         let name = "dynamo_kvrouter_kv_cache_events_applied";
         p.family(name, "untyped", "Total number of KV cache events applied to index");
-        for (t, event_type) in EVENT_TYPES.iter().enumerate() {
-            for (s, status) in STATUSES.iter().enumerate() {
-                p.sample(name, &[("event_type", event_type), ("status", status)], self.applied(t, s) as f64);
+        for (event_type, by_status) in EVENT_TYPES.iter().zip(&self.applied) {
+            for (status, c) in STATUSES.iter().zip(by_status) {
+                p.sample(name, &[("event_type", event_type), ("status", status)], load(c));
             }
         }
-        let name = "dynamo_kvrouter_kv_cache_event_warnings";
-        p.family(name, "untyped", "Total number of suspicious KV cache events seen by the router indexer");
-        let n = self.duplicate_store.load(Ordering::Relaxed);
-        p.sample(name, &[("warning_kind", "duplicate_store")], n as f64);
-        let name = "dynamo_kvrouter_ckf_mutation_total";
-        p.family(name, "counter", "Total number of CKF block-level mutation outcomes");
-        for (outcome, v) in [("unknown_remove", &self.unknown_remove), ("capacity_exhausted", &self.capacity_exhausted)]
-        {
-            p.sample(name, &[("outcome", outcome)], v.load(Ordering::Relaxed) as f64);
-        }
+        let warnings = [("duplicate_store", load(&self.duplicate_store))];
+        let help = "Total number of suspicious KV cache events seen by the router indexer";
+        p.labelled("dynamo_kvrouter_kv_cache_event_warnings", "untyped", help, "warning_kind", warnings);
+        let block =
+            |outcome: &str| load(&self.blocks[OUTCOMES.iter().position(|o| *o == outcome).expect("an outcome")]);
+        let mutations =
+            [("unknown_remove", block("unknown_removed")), ("capacity_exhausted", block("rejected") + block("shed"))];
+        let help = "Total number of CKF block-level mutation outcomes";
+        p.labelled("dynamo_kvrouter_ckf_mutation_total", "counter", help, "outcome", mutations);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status_of(kind: &EventKind, o: &ApplyOutcome) -> &'static str {
+        STATUSES[status_index(kind, o)]
+    }
 
     fn stored() -> EventKind {
         EventKind::Stored { parent: None, blocks: Vec::new() }
@@ -161,12 +194,12 @@ mod tests {
 
     #[test]
     fn renders_every_label_pair() {
-        let c = EventStatusCounters::default();
+        let c = ApplyCounters::default();
         let mut dup = ApplyOutcome { duplicate: 2, ..Default::default() };
         c.add(&stored(), &dup);
         dup.duplicate = 0;
         c.add(&EventKind::Removed { engine_hashes: Vec::new() }, &ApplyOutcome { unknown_removed: 3, ..dup });
-        c.add_unsupported_residency(&EventKind::Cleared, 2);
+        c.add_unsupported_residency([0, 0, 2]);
         let mut p = Prom::default();
         c.render(&mut p);
         let t = p.text;

@@ -72,6 +72,29 @@ pub fn sequence_hashes_into(locals: &[u64], out: &mut Vec<u64>) {
     }
 }
 
+/// A block hash as JSON bodies and dumps carry it: any integer in
+/// [-2^63, 2^64), a negative one taken as two's complement.
+pub struct JsonHash(pub u64);
+
+impl<'de> serde::Deserialize<'de> for JsonHash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = JsonHash;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an integer hash in [-2^63, 2^64)")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<JsonHash, E> {
+                Ok(JsonHash(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<JsonHash, E> {
+                Ok(JsonHash(v as u64))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

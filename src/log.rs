@@ -24,43 +24,25 @@ pub enum Level {
 }
 
 impl Level {
-    /// Parses `error`, `warn`, `info` or `debug`.
-    pub fn parse(s: &str) -> Option<Level> {
-        match s.to_ascii_lowercase().as_str() {
-            "error" => Some(Level::Error),
-            "warn" | "warning" => Some(Level::Warn),
-            "info" => Some(Level::Info),
-            "debug" => Some(Level::Debug),
-            _ => None,
-        }
-    }
+    const ALL: [Level; 4] = [Level::Error, Level::Warn, Level::Info, Level::Debug];
 
-    fn tag(self) -> &'static str {
-        match self {
-            Level::Error => "ERROR",
-            Level::Warn => "WARN",
-            Level::Info => "INFO",
-            Level::Debug => "DEBUG",
-        }
+    /// Parses `error`, `warn` (or `warning`), `info` or `debug`.
+    pub fn parse(s: &str) -> Option<Level> {
+        let s = s.to_ascii_lowercase();
+        Level::ALL.into_iter().find(|l| l.name() == s || (*l == Level::Warn && s == "warning"))
     }
 
     fn name(self) -> &'static str {
-        match self {
-            Level::Error => "error",
-            Level::Warn => "warn",
-            Level::Info => "info",
-            Level::Debug => "debug",
-        }
+        ["error", "warn", "info", "debug"][self as usize]
+    }
+
+    fn tag(self) -> &'static str {
+        ["ERROR", "WARN", "INFO", "DEBUG"][self as usize]
     }
 
     /// The syslog priority journald files the line under.
     fn syslog_priority(self) -> u8 {
-        match self {
-            Level::Error => 3,
-            Level::Warn => 4,
-            Level::Info => 6,
-            Level::Debug => 7,
-        }
+        [3, 4, 6, 7][self as usize]
     }
 }
 
@@ -76,11 +58,10 @@ pub enum Format {
 impl Format {
     /// Parses `text` or `json`.
     pub fn parse(s: &str) -> Option<Format> {
-        match s.to_ascii_lowercase().as_str() {
-            "text" => Some(Format::Text),
-            "json" => Some(Format::Json),
-            _ => None,
-        }
+        [("text", Format::Text), ("json", Format::Json)]
+            .into_iter()
+            .find(|(n, _)| s.eq_ignore_ascii_case(n))
+            .map(|f| f.1)
     }
 }
 
@@ -164,25 +145,14 @@ pub fn format_line(level: Level, format: Format, journal: bool, unix_ms: u64, ms
 
 /// `2024-05-06T07:08:09.010Z` for milliseconds since the Unix epoch.
 pub fn rfc3339_utc_ms(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Days to a civil date (Howard Hinnant's algorithm), valid far past any clock we run on.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        unix_ms % 1000
-    )
+    let secs = (unix_ms / 1000) as libc::time_t;
+    // SAFETY: a zeroed tm is valid; gmtime_r writes only into it (and fails
+    // only for years past i32, where the zeroed fields stand).
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    unsafe { libc::gmtime_r(&secs, &mut tm) };
+    let (year, month, day) = (tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
+    let (hour, min, sec) = (tm.tm_hour, tm.tm_min, tm.tm_sec);
+    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{min:02}:{sec:02}.{:03}Z", unix_ms % 1000)
 }
 
 /// Logs at error level.

@@ -42,6 +42,21 @@ impl Prom {
         let _ = writeln!(self.text, " {value}");
     }
 
+    /// A family with one sample per value of its one label.
+    pub fn labelled<S: AsRef<str>>(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        label: &str,
+        samples: impl IntoIterator<Item = (S, f64)>,
+    ) {
+        self.family(name, kind, help);
+        for (value, x) in samples {
+            self.sample(name, &[(label, value.as_ref())], x);
+        }
+    }
+
     /// A family with a single unlabelled sample.
     pub fn single(&mut self, name: &str, kind: &str, help: &str, value: f64) {
         self.family(name, kind, help);

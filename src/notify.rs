@@ -41,37 +41,31 @@ pub fn notify(state: &str) -> bool {
 }
 
 /// Extends systemd's start timeout every `EXTEND_EVERY_MS` until dropped.
-pub struct StartupExtender {
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+pub struct StartupExtender(Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>);
 
 impl StartupExtender {
     /// Starts extending (at once, then periodically); a no-op outside systemd.
     pub fn start() -> StartupExtender {
         if std::env::var_os("NOTIFY_SOCKET").is_none() {
-            return StartupExtender { stop: None, thread: None };
+            return StartupExtender(None);
         }
         let (tx, rx) = mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("notify-extend".into())
-            .spawn(move || loop {
-                notify(&format!("EXTEND_TIMEOUT_USEC={}\nSTATUS=starting", EXTEND_BY_MS * 1000));
-                match rx.recv_timeout(Duration::from_millis(EXTEND_EVERY_MS)) {
-                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                    _ => return,
-                }
-            })
-            .ok();
-        StartupExtender { stop: Some(tx), thread }
+        let thread = std::thread::Builder::new().name("notify-extend".into()).spawn(move || loop {
+            notify(&format!("EXTEND_TIMEOUT_USEC={}\nSTATUS=starting", EXTEND_BY_MS * 1000));
+            match rx.recv_timeout(Duration::from_millis(EXTEND_EVERY_MS)) {
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                _ => return,
+            }
+        });
+        StartupExtender(thread.ok().map(|t| (tx, t)))
     }
 }
 
 impl Drop for StartupExtender {
     fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Some((stop, thread)) = self.0.take() {
+            drop(stop);
+            let _ = thread.join();
         }
     }
 }

@@ -41,7 +41,7 @@ struct Stat {
 
 fn read_stat() -> Option<Stat> {
     let text = std::fs::read_to_string("/proc/self/stat").ok()?;
-    parse_stat(&text, clock_ticks()?, page_bytes()?, boot_time_seconds())
+    parse_stat(&text, sysconf(libc::_SC_CLK_TCK)?, sysconf(libc::_SC_PAGESIZE)?, boot_time_seconds())
 }
 
 /// Parses /proc/self/stat. Fields after the command name (which may hold
@@ -60,16 +60,10 @@ fn parse_stat(text: &str, ticks_per_s: f64, page_bytes: f64, boot_s: Option<f64>
     })
 }
 
-fn clock_ticks() -> Option<f64> {
+fn sysconf(name: libc::c_int) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (t > 0).then_some(t as f64)
-}
-
-fn page_bytes() -> Option<f64> {
-    // SAFETY: as above.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    (p > 0).then_some(p as f64)
+    let v = unsafe { libc::sysconf(name) };
+    (v > 0).then_some(v as f64)
 }
 
 /// Boot time from /proc/stat's `btime` line.

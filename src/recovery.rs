@@ -159,14 +159,7 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
                          \"worker\"; they are skipped (dynamo_kvrouter_kv_cache_events_applied{{status=\"unsupported_residency_domain\"}})"
                     );
                 }
-                let kinds = [
-                    EventKind::Stored { parent: None, blocks: Vec::new() },
-                    EventKind::Removed { engine_hashes: Vec::new() },
-                    EventKind::Cleared,
-                ];
-                for (kind, n) in kinds.iter().zip(parsed.unsupported_residency) {
-                    registry.counters.dynamo.add_unsupported_residency(kind, n);
-                }
+                registry.counters.add_unsupported_residency(parsed.unsupported_residency);
                 if over_snapshot {
                     let n = drop_workers_named(registry, &entries);
                     crate::info!("peer {peer}'s dump replaces the snapshot's blocks of {n} worker(s)");

@@ -9,7 +9,9 @@
 //! request leaves no trace. Queries look an index up without the registry's
 //! lock.
 
-use crate::event::{Event, EventKind, WorkerId};
+use crate::dump::DumpEntry;
+use crate::event::{Event, WorkerId};
+use crate::event_status::ApplyCounters;
 use crate::index::{ApplyOutcome, Budget, Index, IndexConfig};
 use crate::ingest::{EventSink, Ingest, IngestError, ListenerId, ListenerInfo, ListenerSpec};
 use crate::predict::{Booked, PredictLimits, Predictions, RoutedError, RoutedRequest};
@@ -35,47 +37,6 @@ pub const INDEXES_MAX: usize = 1_024;
 
 /// Least time between two log lines about shed blocks.
 pub const SHED_LOG_INTERVAL_MS: u64 = 10_000;
-
-/// Totals of what events did to the indexes, for metrics.
-#[derive(Default)]
-pub struct ApplyCounters {
-    pub stored_events: AtomicU64,
-    pub removed_events: AtomicU64,
-    pub cleared_events: AtomicU64,
-    pub blocks_stored: AtomicU64,
-    pub blocks_removed: AtomicU64,
-    pub blocks_duplicate: AtomicU64,
-    pub blocks_unknown_parent: AtomicU64,
-    pub removes_unknown: AtomicU64,
-    pub blocks_depth_exceeded: AtomicU64,
-    pub blocks_rejected: AtomicU64,
-    /// Blocks refused at the `--max-pairs` cap.
-    pub blocks_shed: AtomicU64,
-    pub pairs_cleared: AtomicU64,
-    /// The same events by Dynamo's metric labels.
-    pub dynamo: crate::event_status::EventStatusCounters,
-}
-
-impl ApplyCounters {
-    fn add(&self, kind: &EventKind, o: &ApplyOutcome) {
-        let r = Ordering::Relaxed;
-        match kind {
-            EventKind::Stored { .. } => self.stored_events.fetch_add(1, r),
-            EventKind::Removed { .. } => self.removed_events.fetch_add(1, r),
-            EventKind::Cleared => self.cleared_events.fetch_add(1, r),
-        };
-        self.blocks_stored.fetch_add(o.stored as u64, r);
-        self.blocks_removed.fetch_add(o.removed as u64, r);
-        self.blocks_duplicate.fetch_add(o.duplicate as u64, r);
-        self.blocks_unknown_parent.fetch_add(o.unknown_parent as u64, r);
-        self.removes_unknown.fetch_add(o.unknown_removed as u64, r);
-        self.blocks_depth_exceeded.fetch_add(o.depth_exceeded as u64, r);
-        self.blocks_rejected.fetch_add(o.rejected as u64, r);
-        self.blocks_shed.fetch_add(o.shed as u64, r);
-        self.pairs_cleared.fetch_add(o.cleared as u64, r);
-        self.dynamo.add(kind, o);
-    }
-}
 
 /// Tells the operator, at most once per `SHED_LOG_INTERVAL_MS`, that the
 /// pair cap is shedding stores and what to raise; counters carry the totals.
@@ -136,6 +97,16 @@ impl IndexHandle {
         self.predictions.drop_worker(worker);
     }
 
+    /// The index's events, as `/dump` and snapshots hold them.
+    pub fn dump(&self) -> DumpEntry {
+        DumpEntry {
+            model_name: self.model_name.clone(),
+            tenant_id: self.tenant_id.clone(),
+            block_size: self.index.block_size(),
+            events: self.index.dump_events(),
+        }
+    }
+
     /// The workers registered to this index, sorted.
     pub fn registered(&self) -> Vec<WorkerId> {
         self.registered.read().clone()
@@ -152,15 +123,27 @@ impl IndexHandle {
 
     /// Applies an event from outside the ingest pipeline (peer recovery).
     pub fn apply(&self, event: &Event) -> ApplyOutcome {
-        let o = self.index.apply(event);
-        if !self.predictions.is_empty() {
-            self.predictions.on_event(event, &o, crate::predict::now_ms());
+        let mut outcome = ApplyOutcome::default();
+        self.apply_each(std::slice::from_ref(event), |o| outcome = *o);
+        outcome
+    }
+
+    /// Applies events in order: the index, then their worker's bookings and
+    /// the counters; `seen` gets each outcome.
+    fn apply_each(&self, events: &[Event], mut seen: impl FnMut(&ApplyOutcome)) {
+        let mut shed = 0u32;
+        let now_ms = (!self.predictions.is_empty()).then(crate::predict::now_ms);
+        self.index.apply_all(events, |e, o| {
+            if let Some(now_ms) = now_ms {
+                self.predictions.on_event(e, o, now_ms);
+            }
+            self.counters.add(&e.kind, o);
+            shed = shed.saturating_add(o.shed);
+            seen(o);
+        });
+        if shed > 0 {
+            self.shed_log.note(shed, &self.budget);
         }
-        self.counters.add(&event.kind, &o);
-        if o.shed > 0 {
-            self.shed_log.note(o.shed, &self.budget);
-        }
-        o
     }
 }
 
@@ -170,18 +153,7 @@ impl EventSink for IndexHandle {
     }
 
     fn apply_all(&self, events: &[Event]) {
-        let mut shed = 0u32;
-        let now_ms = (!self.predictions.is_empty()).then(crate::predict::now_ms);
-        self.index.apply_all(events, |e, o| {
-            if let Some(now_ms) = now_ms {
-                self.predictions.on_event(e, o, now_ms);
-            }
-            self.counters.add(&e.kind, o);
-            shed = shed.saturating_add(o.shed);
-        });
-        if shed > 0 {
-            self.shed_log.note(shed, &self.budget);
-        }
+        self.apply_each(events, |_| {});
     }
 
     fn remove_worker(&self, worker: WorkerId) {
@@ -201,7 +173,7 @@ pub struct Registration {
 }
 
 /// A `/register` request, validated for shape.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegisterArgs {
     pub instance_id: u64,
     pub dp_rank: u32,
@@ -210,6 +182,13 @@ pub struct RegisterArgs {
     pub model_name: String,
     pub tenant_id: String,
     pub block_size: u32,
+}
+
+impl RegisterArgs {
+    /// The (instance, dp rank) registered: the listener's key.
+    pub fn worker(&self) -> WorkerId {
+        WorkerId::new(self.instance_id, self.dp_rank)
+    }
 }
 
 /// Why the registry refused: each maps to one HTTP status.
@@ -238,15 +217,11 @@ impl std::fmt::Display for RegistryError {
 
 type Key = (String, String);
 
-#[derive(Default)]
-struct Inner {
-    registrations: BTreeMap<WorkerId, Registration>,
-}
-
 /// The registry of indexes and listeners.
 pub struct Registry {
     indexes: DashMap<Key, Arc<IndexHandle>>,
-    inner: Mutex<Inner>,
+    /// Registrations by worker; held through a whole register or unregister.
+    registrations: Mutex<BTreeMap<WorkerId, Registration>>,
     ingest: Arc<Ingest>,
     jump: usize,
     pub counters: Arc<ApplyCounters>,
@@ -264,7 +239,7 @@ impl Registry {
     pub fn new(ingest: Arc<Ingest>, jump: usize, budget: Arc<Budget>) -> Registry {
         Registry {
             indexes: DashMap::new(),
-            inner: Mutex::new(Inner::default()),
+            registrations: Mutex::new(BTreeMap::new()),
             ingest,
             jump,
             counters: Default::default(),
@@ -368,15 +343,15 @@ impl Registry {
         if args.block_size == 0 {
             return Err(RegistryError::Invalid("block_size must be at least 1".into()));
         }
-        let worker = WorkerId::new(args.instance_id, args.dp_rank);
-        let mut inner = self.inner.lock();
-        if inner.registrations.contains_key(&worker) {
+        let worker = args.worker();
+        let mut registered = self.registrations.lock();
+        if registered.contains_key(&worker) {
             return Err(RegistryError::Conflict(format!(
                 "instance {} dp_rank {} is already registered; unregister it first",
                 args.instance_id, args.dp_rank
             )));
         }
-        if let Some(other) = inner.registrations.values().find(|r| {
+        if let Some(other) = registered.values().find(|r| {
             r.worker.instance_id == args.instance_id
                 && (r.model_name != args.model_name || r.tenant_id != args.tenant_id)
         }) {
@@ -421,7 +396,7 @@ impl Registry {
             args.replay_endpoint.as_deref().map(|r| format!(" replay {r}")).unwrap_or_default()
         );
         handle.set_registered(worker, true);
-        inner.registrations.insert(
+        registered.insert(
             worker,
             Registration {
                 worker,
@@ -446,9 +421,8 @@ impl Registry {
         tenant_id: Option<&str>,
         dp_rank: Option<u32>,
     ) -> Result<(), RegistryError> {
-        let mut inner = self.inner.lock();
-        let regs: Vec<Registration> = inner
-            .registrations
+        let mut registered = self.registrations.lock();
+        let regs: Vec<Registration> = registered
             .values()
             .filter(|r| {
                 r.worker.instance_id == instance_id
@@ -482,7 +456,7 @@ impl Registry {
         }
         for r in &regs {
             let fed = self.ingest.remove_listener(r.listener);
-            inner.registrations.remove(&r.worker);
+            registered.remove(&r.worker);
             let Some(h) = self.index(&r.model_name, &r.tenant_id) else {
                 continue;
             };
@@ -498,7 +472,7 @@ impl Registry {
                     r.worker.dp_rank
                 );
                 let workers = h.index.workers().into_iter();
-                let orphans = workers.filter(|w| w.instance_id == instance_id && !inner.registrations.contains_key(w));
+                let orphans = workers.filter(|w| w.instance_id == instance_id && !registered.contains_key(w));
                 std::iter::once(r.worker.dp_rank).chain(orphans.map(|w| w.dp_rank)).collect()
             });
             for rank in ranks {
@@ -523,11 +497,10 @@ impl Registry {
             .chain(held.iter().map(|(h, _)| h.clone()))
         {
             let key = (h.model_name.clone(), h.tenant_id.clone());
-            let still_registered =
-                inner.registrations.values().any(|r| (&r.model_name, &r.tenant_id) == (&key.0, &key.1));
+            let still_registered = registered.values().any(|r| (&r.model_name, &r.tenant_id) == (&key.0, &key.1));
             if !still_registered && !emptied.iter().any(|e| Arc::ptr_eq(e, &h)) {
                 // Only this handle: a racing creation cannot have replaced it
-                // (creations by registration take `inner`, held here).
+                // (creations by registration take `registrations`, held here).
                 self.indexes.remove_if(&key, |_, v| Arc::ptr_eq(v, &h));
                 crate::info!("dropped index model={:?} tenant={:?}: no worker is registered on it", key.0, key.1);
                 emptied.push(h);
@@ -572,24 +545,12 @@ impl Registry {
 
     /// Every registration, sorted by worker.
     pub fn registrations(&self) -> Vec<Registration> {
-        self.inner.lock().registrations.values().cloned().collect()
-    }
-
-    /// Registered workers of one index (for zero scores in query answers).
-    pub fn registered_workers(&self, model_name: &str, tenant_id: &str) -> Vec<WorkerId> {
-        self.inner
-            .lock()
-            .registrations
-            .values()
-            .filter(|r| r.model_name == model_name && r.tenant_id == tenant_id)
-            .map(|r| r.worker)
-            .collect()
+        self.registrations.lock().values().cloned().collect()
     }
 
     /// Registered instances (distinct instance ids).
     pub fn instance_count(&self) -> usize {
-        let inner = self.inner.lock();
-        let mut ids: Vec<u64> = inner.registrations.keys().map(|w| w.instance_id).collect();
+        let mut ids: Vec<u64> = self.registrations.lock().keys().map(|w| w.instance_id).collect();
         ids.dedup();
         ids.len()
     }

@@ -12,11 +12,9 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
     p.single("dynamo_kvindexer_models", "gauge", "Indexes by (model, tenant).", indexes.len() as f64);
     p.single("dynamo_kvindexer_workers", "gauge", "Registered worker instances.", registry.instance_count() as f64);
     let infos = registry.listener_infos();
-    p.family("dynamo_kvindexer_listeners", "gauge", "ZMQ listeners by status.");
-    for status in ["pending", "active", "paused", "failed"] {
-        let n = infos.values().filter(|i| i.status.as_str() == status).count();
-        p.sample("dynamo_kvindexer_listeners", &[("status", status)], n as f64);
-    }
+    let by_status = ["pending", "active", "paused", "failed"]
+        .map(|status| (status, infos.values().filter(|i| i.status.as_str() == status).count() as f64));
+    p.labelled("dynamo_kvindexer_listeners", "gauge", "ZMQ listeners by status.", "status", by_status);
     p.single(
         "kv_indexer_ready",
         "gauge",
@@ -24,20 +22,20 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
         readiness.check(registry).is_ok() as u8 as f64,
     );
 
-    p.family("kv_indexer_index_blocks", "gauge", "Indexed entries (block, tier, worker group) per index.");
-    for h in &indexes {
-        let s = h.index.stats();
-        p.sample("kv_indexer_index_blocks", &[("model", &h.model_name), ("tenant", &h.tenant_id)], s.entries as f64);
-    }
-    p.family("kv_indexer_index_pairs", "gauge", "Live (block, worker) pairs per index.");
-    for h in &indexes {
-        let s = h.index.stats();
-        p.sample("kv_indexer_index_pairs", &[("model", &h.model_name), ("tenant", &h.tenant_id)], s.pairs as f64);
-    }
-    p.family("kv_indexer_index_bytes", "gauge", "Bytes held by each index's structures.");
-    for h in &indexes {
-        let s = h.index.stats();
-        p.sample("kv_indexer_index_bytes", &[("model", &h.model_name), ("tenant", &h.tenant_id)], s.bytes as f64);
+    let stats: Vec<_> = indexes.iter().map(|h| h.index.stats()).collect();
+    for (i, name, help) in [
+        (0, "kv_indexer_index_blocks", "Indexed entries (block, tier, worker group) per index."),
+        (1, "kv_indexer_index_pairs", "Live (block, worker) pairs per index."),
+        (2, "kv_indexer_index_bytes", "Bytes held by each index's structures."),
+    ] {
+        p.family(name, "gauge", help);
+        for (h, s) in indexes.iter().zip(&stats) {
+            p.sample(
+                name,
+                &[("model", &h.model_name), ("tenant", &h.tenant_id)],
+                [s.entries, s.pairs, s.bytes][i] as f64,
+            );
+        }
     }
 
     let b = &registry.budget;
@@ -53,28 +51,7 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
 
     render_predictions(p, registry);
 
-    let c = &registry.counters;
-    let r = Ordering::Relaxed;
-    p.family("kv_indexer_events_applied_total", "counter", "Events applied to indexes, by type.");
-    for (t, v) in [("stored", &c.stored_events), ("removed", &c.removed_events), ("cleared", &c.cleared_events)] {
-        p.sample("kv_indexer_events_applied_total", &[("type", t)], v.load(r) as f64);
-    }
-    p.family("kv_indexer_blocks_total", "counter", "Blocks of applied events, by outcome.");
-    for (o, v) in [
-        ("stored", &c.blocks_stored),
-        ("removed", &c.blocks_removed),
-        ("duplicate", &c.blocks_duplicate),
-        ("unknown_parent", &c.blocks_unknown_parent),
-        ("unknown_removed", &c.removes_unknown),
-        ("depth_exceeded", &c.blocks_depth_exceeded),
-        ("rejected", &c.blocks_rejected),
-        ("shed", &c.blocks_shed),
-        ("cleared", &c.pairs_cleared),
-    ] {
-        p.sample("kv_indexer_blocks_total", &[("outcome", o)], v.load(r) as f64);
-    }
-
-    c.dynamo.render(p);
+    registry.counters.render(p);
 
     let ic = registry.ingest().counters();
     let counters: [(&str, &str, u64); 19] = [
@@ -102,14 +79,10 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
     for (name, help, v) in counters {
         p.single(&format!("kv_indexer_{name}_total"), "counter", help, v as f64);
     }
-    p.family("kv_indexer_events_skipped_total", "counter", "Engine events skipped, by reason.");
-    for (reason, n) in &ic.skips {
-        p.sample("kv_indexer_events_skipped_total", &[("reason", reason)], *n as f64);
-    }
-    p.family("kv_indexer_shard_queue_depth", "gauge", "Messages queued per writer shard.");
-    for (i, d) in ic.shard_queue_depths.iter().enumerate() {
-        p.sample("kv_indexer_shard_queue_depth", &[("shard", &i.to_string())], *d as f64);
-    }
+    let skips = ic.skips.iter().map(|&(reason, n)| (reason, n as f64));
+    p.labelled("kv_indexer_events_skipped_total", "counter", "Engine events skipped, by reason.", "reason", skips);
+    let depths = ic.shard_queue_depths.iter().enumerate().map(|(i, &d)| (i.to_string(), d as f64));
+    p.labelled("kv_indexer_shard_queue_depth", "gauge", "Messages queued per writer shard.", "shard", depths);
     p.single(
         "kv_indexer_held_batches",
         "gauge",
@@ -139,15 +112,15 @@ fn render_predictions(p: &mut Prom, registry: &Registry) {
         l.live() as f64,
     );
     let c = &l.counters;
-    p.family("kv_indexer_predicted_blocks_total", "counter", "Predicted blocks by what became of them.");
-    for (o, v) in [
+    let outcomes = [
         ("made", &c.made),
         ("renewed", &c.renewed),
         ("confirmed", &c.confirmed),
         ("expired", &c.expired),
         ("dropped", &c.dropped),
         ("refused", &c.refused),
-    ] {
-        p.sample("kv_indexer_predicted_blocks_total", &[("outcome", o)], v.load(Ordering::Relaxed) as f64);
-    }
+    ]
+    .map(|(o, v)| (o, v.load(Ordering::Relaxed) as f64));
+    let help = "Predicted blocks by what became of them.";
+    p.labelled("kv_indexer_predicted_blocks_total", "counter", help, "outcome", outcomes);
 }

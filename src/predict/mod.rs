@@ -48,5 +48,5 @@ pub use limits::{now_ms, PredictCounters, PredictLimits, MAX_BLOCKS_DEFAULT, TTL
 pub use lookup::Predicted;
 pub use prefix::prefix_hashes_into;
 pub use request::{parse_routed, RoutedHashes, RoutedRequest, ROUTED_BODY_BYTES_MAX};
-pub use routed::{book, Booked, RoutedError};
-pub use store::{BookError, Predictions};
+pub use routed::{book, Booked};
+pub use store::{Predictions, RoutedError};

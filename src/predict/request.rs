@@ -10,10 +10,10 @@
 //! that disagree, 400. `null` means absent; unknown fields are skipped.
 
 use super::limits::TTL_MS_MAX;
+use crate::hash::JsonHash;
 use crate::json::BodyError;
-use serde::de::{self, IgnoredAny, Visitor};
-use serde::{Deserialize, Deserializer};
-use std::fmt;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 
 /// Largest `/routed` body: as large as a `/query` body may be.
 pub const ROUTED_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
@@ -43,36 +43,13 @@ pub struct RoutedRequest {
     pub ttl_ms: Option<u64>,
 }
 
-/// A local hash as `/query_by_hash` takes it: any integer in [-2^63, 2^64),
-/// negative ones as two's complement.
-struct AnyHash(u64);
-
-impl<'de> Deserialize<'de> for AnyHash {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = AnyHash;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an integer in [-2^63, 2^64)")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<AnyHash, E> {
-                Ok(AnyHash(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<AnyHash, E> {
-                Ok(AnyHash(v as u64))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
 #[derive(Deserialize)]
 struct RoutedBody {
     model_name: String,
     tenant_id: Option<String>,
     routing_group: Option<String>,
     token_ids: Option<Vec<u32>>,
-    block_hashes: Option<Vec<AnyHash>>,
+    block_hashes: Option<Vec<JsonHash>>,
     lora_name: Option<String>,
     cache_salt: Option<String>,
     instance_id: u64,

@@ -3,7 +3,7 @@
 //! prefix the worker already holds, and book the rest.
 
 use super::request::{RoutedHashes, RoutedRequest};
-use super::store::{BookError, Predictions};
+use super::store::{Predictions, RoutedError};
 use crate::event::WorkerId;
 use crate::hash::{local_hashes_into, seed_for};
 use crate::index::Index;
@@ -14,15 +14,6 @@ pub struct Booked {
     /// Blocks now predicted for the worker (0: it holds the whole request).
     pub predicted_blocks: u64,
     pub ttl_ms: u64,
-}
-
-/// Why a booking was refused; nothing changed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum RoutedError {
-    /// 404: the instance or rank is not in the index.
-    NotFound(String),
-    /// 503: the cap on predicted blocks is reached; `asked` blocks were refused.
-    Full { asked: u64, message: String },
 }
 
 /// Books `req` for its worker in `index`'s `predictions` at `now_ms`.
@@ -44,27 +35,17 @@ pub fn book(
             format!("instance {} is not registered for this model and tenant", req.instance_id)
         }));
     }
-    let owned;
+    let mut hashed = Vec::new();
     let locals: &[u64] = match &req.hashes {
         RoutedHashes::Locals(h) => h,
         RoutedHashes::Tokens(t) => {
-            let mut v = Vec::new();
             let seed = seed_for(req.lora_name.as_deref(), req.cache_salt.as_deref());
-            local_hashes_into(t, index.block_size() as usize, seed, &mut v);
-            owned = v;
-            &owned
+            local_hashes_into(t, index.block_size() as usize, seed, &mut hashed);
+            &hashed
         }
     };
     let ttl_ms = req.ttl_ms.unwrap_or(predictions.limits.ttl_ms_default);
     let held = index.find_matches(locals).workers.iter().find(|m| m.worker == worker).map_or(0, |m| m.device);
-    match predictions.book(worker, locals, held as usize, ttl_ms, now_ms) {
-        Ok(predicted_blocks) => Ok(Booked { predicted_blocks, ttl_ms }),
-        Err(BookError::Full { asked, live, max }) => Err(RoutedError::Full {
-            asked,
-            message: format!(
-                "predictions are full: {live} of --predict-max-blocks {max} blocks are live and this booking \
-                 needs {asked} more; nothing was booked. Raise --predict-max-blocks or book with a shorter ttl_ms"
-            ),
-        }),
-    }
+    let predicted_blocks = predictions.book(worker, locals, held as usize, ttl_ms, now_ms)?;
+    Ok(Booked { predicted_blocks, ttl_ms })
 }

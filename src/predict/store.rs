@@ -79,11 +79,13 @@ pub(super) struct Book {
     bookings: u64,
 }
 
-/// Why a booking was refused.
+/// Why a booking was refused; nothing changed.
 #[derive(Debug, PartialEq, Eq)]
-pub enum BookError {
-    /// The shared cap would be passed (the caller counts the refusal, once).
-    Full { asked: u64, live: u64, max: u64 },
+pub enum RoutedError {
+    /// 404: the instance or rank is not in the index.
+    NotFound(String),
+    /// 503: the cap on predicted blocks is reached; `asked` blocks were refused.
+    Full { asked: u64, message: String },
 }
 
 /// The predictions beside one (model, tenant) index.
@@ -117,11 +119,6 @@ impl Predictions {
         self.book.read().blocks
     }
 
-    /// Live bookings of this index (expired ones until swept).
-    pub fn bookings(&self) -> u64 {
-        self.live_bookings.load(Ordering::Relaxed)
-    }
-
     /// Books `locals[from..]` (a request's blocks past the `from` the
     /// worker holds on its device) for `worker` until `now_ms + ttl_ms`.
     /// Returns the blocks predicted: 0 when the worker holds them all.
@@ -132,7 +129,7 @@ impl Predictions {
         from: usize,
         ttl_ms: u64,
         now_ms: u64,
-    ) -> Result<u64, BookError> {
+    ) -> Result<u64, RoutedError> {
         let n = locals.len();
         if from >= n {
             return Ok(0);
@@ -150,7 +147,13 @@ impl Predictions {
             }
         }
         if !self.limits.take(k) {
-            return Err(BookError::Full { asked: k, live: self.limits.live(), max: self.limits.max_blocks });
+            // The caller counts the refusal, once.
+            let (live, max) = (self.limits.live(), self.limits.max_blocks);
+            let message = format!(
+                "predictions are full: {live} of --predict-max-blocks {max} blocks are live and this booking \
+                 needs {k} more; nothing was booked. Raise --predict-max-blocks or book with a shorter ttl_ms"
+            );
+            return Err(RoutedError::Full { asked: k, message });
         }
         let id = book.next_id;
         book.next_id += 1;
@@ -253,11 +256,7 @@ impl Predictions {
         if wb.bookings.is_empty() {
             book.workers.remove(&worker);
         }
-        book.blocks -= confirmed;
-        book.bookings -= emptied;
-        self.live_bookings.store(book.bookings, Ordering::Relaxed);
-        self.limits.release(confirmed);
-        self.limits.count(&self.limits.counters.confirmed, confirmed);
+        self.forget(&mut book, confirmed, emptied, &self.limits.counters.confirmed);
         confirmed
     }
 
@@ -269,11 +268,7 @@ impl Predictions {
         let mut book = self.book.write();
         let Some(wb) = book.workers.remove(&worker) else { return 0 };
         let n: u64 = wb.bookings.values().map(|b| b.prefixes.len() as u64).sum();
-        book.blocks -= n;
-        book.bookings -= wb.bookings.len() as u64;
-        self.live_bookings.store(book.bookings, Ordering::Relaxed);
-        self.limits.release(n);
-        self.limits.count(&self.limits.counters.dropped, n);
+        self.forget(&mut book, n, wb.bookings.len() as u64, &self.limits.counters.dropped);
         n
     }
 
@@ -288,7 +283,7 @@ impl Predictions {
         if now_ms < self.sweep_due_ms.load(Ordering::Relaxed) {
             return;
         }
-        let mut expired = 0u64;
+        let (mut expired, mut gone) = (0u64, 0u64);
         while let Some(&Reverse((at, worker, id))) = book.heap.peek() {
             if at > now_ms {
                 break;
@@ -302,11 +297,12 @@ impl Predictions {
                 continue;
             }
             expired += wb.remove(id);
-            book.bookings -= 1;
+            gone += 1;
             if wb.bookings.is_empty() {
                 book.workers.remove(&worker);
             }
         }
+        self.forget(book, expired, gone, &self.limits.counters.expired);
         if book.heap.len() > 2 * book.bookings as usize + HEAP_SLACK {
             // Entries of confirmed and dropped bookings: keep one per live booking.
             let live =
@@ -315,32 +311,16 @@ impl Predictions {
         }
         let due = book.heap.peek().map_or(u64::MAX, |Reverse((at, _, _))| *at);
         self.sweep_due_ms.store(due, Ordering::Relaxed);
-        book.blocks -= expired;
-        self.live_bookings.store(book.bookings, Ordering::Relaxed);
-        self.limits.release(expired);
-        self.limits.count(&self.limits.counters.expired, expired);
     }
 
-    /// Checks the invariants of the module doc; panics on a breach. For tests.
-    #[doc(hidden)]
-    pub fn check(&self) {
-        let book = self.book.read();
-        let mut blocks = 0;
-        let mut bookings = 0;
-        for wb in book.workers.values() {
-            assert!(!wb.bookings.is_empty(), "a worker without bookings is removed");
-            for (p, id) in &wb.positions {
-                let b = wb.bookings.get(id).expect("a position names a live booking");
-                assert!(b.prefixes.contains(p), "the booking a position names holds it");
-            }
-            for b in wb.bookings.values() {
-                assert!(!b.prefixes.is_empty() && b.prefixes.len() == b.locals.len());
-                blocks += b.prefixes.len() as u64;
-            }
-            bookings += wb.bookings.len() as u64;
-        }
-        assert_eq!((blocks, bookings), (book.blocks, book.bookings));
-        assert_eq!(bookings, self.live_bookings.load(Ordering::Relaxed));
+    /// Takes `blocks` of `bookings` gone from the totals and gives them back
+    /// to the shared cap, counted in `counter`.
+    fn forget(&self, book: &mut Book, blocks: u64, bookings: u64, counter: &AtomicU64) {
+        book.blocks -= blocks;
+        book.bookings -= bookings;
+        self.live_bookings.store(book.bookings, Ordering::Relaxed);
+        self.limits.release(blocks);
+        self.limits.count(counter, blocks);
     }
 }
 

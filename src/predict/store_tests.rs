@@ -5,6 +5,34 @@ use crate::predict::Predicted;
 const W1: WorkerId = WorkerId::new(1, 0);
 const W2: WorkerId = WorkerId::new(2, 0);
 
+impl Predictions {
+    /// Live bookings of this index (expired ones until swept).
+    fn bookings(&self) -> u64 {
+        self.live_bookings.load(Ordering::Relaxed)
+    }
+
+    /// Checks the invariants of the module doc; panics on a breach.
+    fn check(&self) {
+        let book = self.book.read();
+        let mut blocks = 0;
+        let mut bookings = 0;
+        for wb in book.workers.values() {
+            assert!(!wb.bookings.is_empty(), "a worker without bookings is removed");
+            for (p, id) in &wb.positions {
+                let b = wb.bookings.get(id).expect("a position names a live booking");
+                assert!(b.prefixes.contains(p), "the booking a position names holds it");
+            }
+            for b in wb.bookings.values() {
+                assert!(!b.prefixes.is_empty() && b.prefixes.len() == b.locals.len());
+                blocks += b.prefixes.len() as u64;
+            }
+            bookings += wb.bookings.len() as u64;
+        }
+        assert_eq!((blocks, bookings), (book.blocks, book.bookings));
+        assert_eq!(bookings, self.live_bookings.load(Ordering::Relaxed));
+    }
+}
+
 fn store(max_blocks: u64) -> Predictions {
     Predictions::new(Arc::new(PredictLimits::new(max_blocks, 100)))
 }
@@ -162,7 +190,9 @@ fn the_cap_holds_over_indexes_and_a_refusal_changes_nothing() {
     let a = Predictions::new(limits.clone());
     let b = Predictions::new(limits.clone());
     assert_eq!(a.book(W1, &[1, 2, 3, 4, 5, 6], 0, 100, 0), Ok(6));
-    assert_eq!(b.book(W1, &[1, 2, 3, 4, 5], 0, 100, 0), Err(BookError::Full { asked: 5, live: 6, max: 10 }));
+    let Err(RoutedError::Full { asked, message }) = b.book(W1, &[1, 2, 3, 4, 5], 0, 100, 0) else { panic!() };
+    assert_eq!(asked, 5);
+    assert!(message.contains("6 of --predict-max-blocks 10 blocks are live"), "{message}");
     assert!(b.is_empty());
     b.check();
     assert_eq!(a.book(W1, &[1, 2, 3, 4, 5, 6], 0, 100, 0), Ok(6), "renewing takes no room");

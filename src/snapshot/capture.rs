@@ -7,8 +7,8 @@
 //! Each index is dumped under its own writer lock, so its shards wait for
 //! that one dump; queries do not wait at all.
 
-use super::{now_unix_ms, SavedIndex, SavedRegistration, Snapshot};
-use crate::registry::Registry;
+use super::{now_unix_ms, SavedRegistration, Snapshot};
+use crate::registry::{RegisterArgs, Registry};
 use rustc_hash::FxHashMap;
 
 /// Captures the registry's state. Fails, writing nothing, when the writer
@@ -24,26 +24,18 @@ pub fn capture(registry: &Registry) -> Result<Snapshot, String> {
     for r in registry.registrations() {
         // An index is never removed while a registration uses it.
         let Some(h) = registry.index(&r.model_name, &r.tenant_id) else { continue };
-        registrations.push(SavedRegistration {
-            worker: r.worker,
+        let args = RegisterArgs {
+            instance_id: r.worker.instance_id,
+            dp_rank: r.worker.dp_rank,
             endpoint: r.endpoint,
             replay_endpoint: r.replay_endpoint,
             model_name: r.model_name,
             tenant_id: r.tenant_id,
             block_size: h.index.block_size(),
-            last_seq: watermarks.get(&r.worker).copied(),
-        });
+        };
+        registrations.push(SavedRegistration { args, last_seq: watermarks.get(&r.worker).copied() });
     }
-    let indexes = registry
-        .indexes()
-        .iter()
-        .map(|h| SavedIndex {
-            model_name: h.model_name.clone(),
-            tenant_id: h.tenant_id.clone(),
-            block_size: h.index.block_size(),
-            events: h.index.dump_events(),
-        })
-        .collect();
+    let indexes = registry.indexes().iter().map(|h| h.dump()).collect();
     Ok(Snapshot {
         created_unix_ms: now_unix_ms(),
         daemon_version: crate::version().to_string(),

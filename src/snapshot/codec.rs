@@ -46,7 +46,7 @@ use super::{SavedIndex, SavedRegistration, Snapshot};
 use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId, BLOCKS_PER_EVENT_MAX};
 use crate::ingest::{BLOCK_SIZE_MAX, LISTENERS_MAX};
-use crate::registry::{INDEXES_MAX, NAME_BYTES_MAX};
+use crate::registry::{RegisterArgs, INDEXES_MAX, NAME_BYTES_MAX};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 use xxhash_rust::xxh3::xxh3_64;
@@ -190,26 +190,20 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
     let pairs: u64 = s.pairs();
     let mut out = Vec::with_capacity(64 + pairs as usize * 16 + s.registrations.len() * 128);
     out.extend_from_slice(&(s.registrations.len() as u32).to_le_bytes());
-    for r in &s.registrations {
-        out.extend_from_slice(&r.worker.instance_id.to_le_bytes());
-        out.extend_from_slice(&r.worker.dp_rank.to_le_bytes());
+    for SavedRegistration { args: r, last_seq } in &s.registrations {
+        out.extend_from_slice(&r.instance_id.to_le_bytes());
+        out.extend_from_slice(&r.dp_rank.to_le_bytes());
         out.extend_from_slice(&r.block_size.to_le_bytes());
         put_str(&mut out, &r.endpoint);
-        match &r.replay_endpoint {
-            Some(e) => {
-                out.push(1);
-                put_str(&mut out, e);
-            }
-            None => out.push(0),
+        out.push(r.replay_endpoint.is_some() as u8);
+        if let Some(e) = &r.replay_endpoint {
+            put_str(&mut out, e);
         }
         put_str(&mut out, &r.model_name);
         put_str(&mut out, &r.tenant_id);
-        match r.last_seq {
-            Some(seq) => {
-                out.push(1);
-                out.extend_from_slice(&seq.to_le_bytes());
-            }
-            None => out.push(0),
+        out.push(last_seq.is_some() as u8);
+        if let Some(seq) = last_seq {
+            out.extend_from_slice(&seq.to_le_bytes());
         }
     }
     out.extend_from_slice(&(s.indexes.len() as u32).to_le_bytes());
@@ -436,23 +430,15 @@ impl<'a> Reader<'a> {
         Ok(n as usize)
     }
 
-    fn string(&mut self, what: &str, max: usize) -> Res<String> {
+    /// A non-empty UTF-8 string of at most `max` bytes.
+    fn name(&mut self, what: &str, max: usize) -> Res<String> {
         let n = self.u32()? as u64;
         let n = self.count(n, max, 1, what)?;
-        let bytes = self.take(n)?;
-        match std::str::from_utf8(bytes) {
+        match std::str::from_utf8(self.take(n)?) {
+            Ok("") => Err(self.malformed(format!("empty {what}"))),
             Ok(s) => Ok(s.to_string()),
             Err(_) => Err(self.malformed(format!("{what} is not UTF-8"))),
         }
-    }
-
-    /// A non-empty string of at most `max` bytes.
-    fn name(&mut self, what: &str, max: usize) -> Res<String> {
-        let s = self.string(what, max)?;
-        if s.is_empty() {
-            return Err(self.malformed(format!("empty {what}")));
-        }
-        Ok(s)
     }
 
     fn block_size(&mut self) -> Res<u32> {
@@ -479,7 +465,7 @@ fn decode_body(r: &mut Reader<'_>) -> Res<(Vec<SavedRegistration>, Vec<SavedInde
     let mut registrations = Vec::with_capacity(n);
     let mut keys: FxHashSet<WorkerId> = FxHashSet::default();
     for _ in 0..n {
-        let worker = WorkerId::new(r.u64()?, r.u32()?);
+        let (instance_id, dp_rank) = (r.u64()?, r.u32()?);
         let block_size = r.block_size()?;
         let endpoint = r.name("endpoint", ADDRESS_BYTES_MAX)?;
         let replay_endpoint =
@@ -487,18 +473,11 @@ fn decode_body(r: &mut Reader<'_>) -> Res<(Vec<SavedRegistration>, Vec<SavedInde
         let model_name = r.name("model name", NAME_BYTES_MAX)?;
         let tenant_id = r.name("tenant id", NAME_BYTES_MAX)?;
         let last_seq = if r.flag("watermark")? { Some(r.u64()?) } else { None };
-        if !keys.insert(worker) {
-            return Err(r.malformed(format!("worker {worker} registered twice")));
+        let args = RegisterArgs { instance_id, dp_rank, endpoint, replay_endpoint, model_name, tenant_id, block_size };
+        if !keys.insert(args.worker()) {
+            return Err(r.malformed(format!("worker {} registered twice", args.worker())));
         }
-        registrations.push(SavedRegistration {
-            worker,
-            endpoint,
-            replay_endpoint,
-            model_name,
-            tenant_id,
-            block_size,
-            last_seq,
-        });
+        registrations.push(SavedRegistration { args, last_seq });
     }
     let n = r.u32()? as u64;
     let n = r.count(n, INDEXES_MAX, INDEX_BYTES_MIN, "indexes")?;

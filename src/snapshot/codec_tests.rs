@@ -13,21 +13,27 @@ fn sample() -> Snapshot {
         daemon_version: "0.1.0".into(),
         registrations: vec![
             SavedRegistration {
-                worker: w1,
-                endpoint: "tcp://127.0.0.1:5557".into(),
-                replay_endpoint: Some("tcp://127.0.0.1:5558".into()),
-                model_name: "llama".into(),
-                tenant_id: "default".into(),
-                block_size: 16,
+                args: RegisterArgs {
+                    instance_id: w1.instance_id,
+                    dp_rank: w1.dp_rank,
+                    endpoint: "tcp://127.0.0.1:5557".into(),
+                    replay_endpoint: Some("tcp://127.0.0.1:5558".into()),
+                    model_name: "llama".into(),
+                    tenant_id: "default".into(),
+                    block_size: 16,
+                },
                 last_seq: Some(41),
             },
             SavedRegistration {
-                worker: w2,
-                endpoint: "ipc:///tmp/ä".into(),
-                replay_endpoint: None,
-                model_name: "m:with:colons".into(),
-                tenant_id: "t".into(),
-                block_size: 4,
+                args: RegisterArgs {
+                    instance_id: w2.instance_id,
+                    dp_rank: w2.dp_rank,
+                    endpoint: "ipc:///tmp/ä".into(),
+                    replay_endpoint: None,
+                    model_name: "m:with:colons".into(),
+                    tenant_id: "t".into(),
+                    block_size: 4,
+                },
                 last_seq: None,
             },
         ],
@@ -224,13 +230,13 @@ fn every_limit_is_the_daemon_s_own() {
     // What the registry and ingest accept, a snapshot holds: at the limits
     // it round-trips, past them it is refused.
     let mut s = sample();
-    s.registrations[0].model_name = "m".repeat(NAME_BYTES_MAX);
-    s.registrations[0].endpoint = format!("tcp://{}:1", "h".repeat(ADDRESS_BYTES_MAX - 8));
+    s.registrations[0].args.model_name = "m".repeat(NAME_BYTES_MAX);
+    s.registrations[0].args.endpoint = format!("tcp://{}:1", "h".repeat(ADDRESS_BYTES_MAX - 8));
     s.indexes[1].tenant_id = "t".repeat(NAME_BYTES_MAX);
     assert_eq!(decode(&encode(&s)).unwrap().registrations, s.registrations);
     for long in [
-        |s: &mut Snapshot| s.registrations[0].model_name.push('m'),
-        |s: &mut Snapshot| s.registrations[0].endpoint.push('1'),
+        |s: &mut Snapshot| s.registrations[0].args.model_name.push('m'),
+        |s: &mut Snapshot| s.registrations[0].args.endpoint.push('1'),
         |s: &mut Snapshot| s.indexes[1].tenant_id.push('t'),
     ] {
         let mut s = s.clone();

@@ -38,47 +38,20 @@ pub use file::{SnapshotDir, WriteStats, FILE_NAME};
 pub use periodic::Periodic;
 pub use restore::{plan, restore, Plan, Restored};
 
-use crate::event::{Event, EventKind, WorkerId};
+use crate::dump::DumpEntry;
+use crate::registry::RegisterArgs;
 
-/// One registration as saved: enough to register it again.
+/// One registration as saved: what registers it again, and its watermark.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SavedRegistration {
-    /// Instance and registered dp rank (the listener key).
-    pub worker: WorkerId,
-    pub endpoint: String,
-    pub replay_endpoint: Option<String>,
-    pub model_name: String,
-    pub tenant_id: String,
-    pub block_size: u32,
+    pub args: RegisterArgs,
     /// The listener's watermark: highest seq whose batch the indexes reflect.
     pub last_seq: Option<u64>,
 }
 
-/// One (model, tenant) index as saved.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SavedIndex {
-    pub model_name: String,
-    pub tenant_id: String,
-    pub block_size: u32,
-    /// Events that rebuild the index when applied in order to an empty one.
-    pub events: Vec<Event>,
-}
-
-impl SavedIndex {
-    /// (block, worker) pairs the events leave (a dump removes the stand-in
-    /// ancestors it stored).
-    pub fn pairs(&self) -> u64 {
-        let (mut stored, mut removed) = (0u64, 0u64);
-        for e in &self.events {
-            match &e.kind {
-                EventKind::Stored { blocks, .. } => stored += blocks.len() as u64,
-                EventKind::Removed { engine_hashes } => removed += engine_hashes.len() as u64,
-                EventKind::Cleared => {}
-            }
-        }
-        stored.saturating_sub(removed)
-    }
-}
+/// One (model, tenant) index as saved: its block size and the events that
+/// rebuild it, as a `/dump` entry holds them.
+pub type SavedIndex = DumpEntry;
 
 /// A daemon's state at one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -60,18 +60,6 @@ pub struct Restored {
     pub watermarks: usize,
 }
 
-fn args_of(r: &SavedRegistration) -> RegisterArgs {
-    RegisterArgs {
-        instance_id: r.worker.instance_id,
-        dp_rank: r.worker.dp_rank,
-        endpoint: r.endpoint.clone(),
-        replay_endpoint: r.replay_endpoint.clone(),
-        model_name: r.model_name.clone(),
-        tenant_id: r.tenant_id.clone(),
-        block_size: r.block_size,
-    }
-}
-
 /// Decides what of `snapshot` to keep given the command line's workers.
 pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
     let mut p = Plan {
@@ -103,11 +91,12 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
     let mut dropped_workers: FxHashSet<(String, String, WorkerId)> = FxHashSet::default();
     let mut dropped_instances: FxHashSet<(String, String, u64)> = FxHashSet::default();
     let mut seeded: Vec<&SavedRegistration> = Vec::new();
-    for r in &snapshot.registrations {
+    for saved in &snapshot.registrations {
+        let r = &saved.args;
         if dropped_indexes.contains(&(r.model_name.clone(), r.tenant_id.clone())) {
             continue;
         }
-        let w = r.worker;
+        let w = r.worker();
         if let Some(c) = p
             .command_line
             .iter()
@@ -126,7 +115,7 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
                 if c.replay_endpoint.is_none() {
                     c.replay_endpoint = r.replay_endpoint.clone();
                 }
-                seeded.push(r);
+                seeded.push(saved);
             }
             Some(c) => {
                 p.notes.push(format!(
@@ -137,15 +126,14 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
                 dropped_workers.insert((r.model_name.clone(), r.tenant_id.clone(), w));
             }
             None => {
-                p.saved.push(args_of(r));
-                seeded.push(r);
+                p.saved.push(r.clone());
+                seeded.push(saved);
             }
         }
     }
 
     // Every registered key, to tell a listener's extra ranks from other keys.
-    let keys: FxHashSet<WorkerId> =
-        p.command_line.iter().chain(&p.saved).map(|a| WorkerId::new(a.instance_id, a.dp_rank)).collect();
+    let keys: FxHashSet<WorkerId> = p.command_line.iter().chain(&p.saved).map(RegisterArgs::worker).collect();
     // A dropped worker's stream may have written other ranks too: drop those.
     for (m, t, w) in dropped_workers.clone() {
         if let Some(ix) = indexes.iter().find(|ix| ix.model_name == m && ix.tenant_id == t) {
@@ -164,18 +152,18 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
         });
     }
 
-    for r in seeded {
-        let Some(last) = r.last_seq else { continue };
+    for SavedRegistration { args: r, last_seq } in seeded {
+        let Some(last) = *last_seq else { continue };
         let mut extra: Vec<u32> = Vec::new();
         if let Some(ix) = indexes.iter().find(|ix| ix.model_name == r.model_name && ix.tenant_id == r.tenant_id) {
             for e in &ix.events {
                 let w = e.worker;
-                if w.instance_id == r.worker.instance_id && !keys.contains(&w) && !extra.contains(&w.dp_rank) {
+                if w.instance_id == r.instance_id && !keys.contains(&w) && !extra.contains(&w.dp_rank) {
                     extra.push(w.dp_rank);
                 }
             }
         }
-        p.watermarks.push((r.worker, last, extra));
+        p.watermarks.push((r.worker(), last, extra));
     }
     p.indexes = indexes;
     p
@@ -213,7 +201,7 @@ pub fn restore(registry: &Registry, plan: Plan) -> Result<Restored, String> {
         out.registrations += 1;
     }
     for args in plan.saved {
-        let worker = WorkerId::new(args.instance_id, args.dp_rank);
+        let worker = args.worker();
         match registry.register(args) {
             Ok(()) => out.registrations += 1,
             Err(e) => crate::warn!("snapshot: registration of worker {worker} not restored: {e}"),
@@ -239,15 +227,9 @@ mod tests {
     use crate::event::{Event, StorageTier, StoredBlock};
 
     fn reg(instance: u64, rank: u32, endpoint: &str, model: &str, last: Option<u64>) -> SavedRegistration {
-        SavedRegistration {
-            worker: WorkerId::new(instance, rank),
-            endpoint: endpoint.into(),
-            replay_endpoint: Some(format!("{endpoint}9")),
-            model_name: model.into(),
-            tenant_id: "default".into(),
-            block_size: 4,
-            last_seq: last,
-        }
+        let mut args = cli(instance, rank, endpoint, model, 4);
+        args.replay_endpoint = Some(format!("{endpoint}9"));
+        SavedRegistration { args, last_seq: last }
     }
 
     fn cli(instance: u64, rank: u32, endpoint: &str, model: &str, block_size: u32) -> RegisterArgs {
