@@ -196,7 +196,7 @@ impl Index {
     /// Applies one event. Events of one worker must be applied in order.
     pub fn apply(&self, event: &Event) -> ApplyOutcome {
         // Pinned once here; nested pins in the writer are nearly free.
-        let _guard = crossbeam::epoch::pin();
+        let guard = crossbeam::epoch::pin();
         let mut out = ApplyOutcome::default();
         let ctx = self.ctx();
         match &event.kind {
@@ -220,6 +220,10 @@ impl Index {
                 out.cleared = self.with_worker(event.worker, false, |st| writer::clear(&ctx, st)).unwrap_or(0) as u32;
             }
         }
+        // What the event replaced goes to the global queue now and the writer
+        // frees whatever is safe to free: left to pile up, it would be freed
+        // by whichever thread pins next, readers too, hundreds at a time.
+        guard.flush();
         out
     }
 
