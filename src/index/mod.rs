@@ -42,6 +42,18 @@ use std::sync::Arc;
 use tree::{Shared, Tree};
 use workers::{WorkerState, Workers};
 
+/// Asks the cache for the line at `p`.
+#[inline]
+pub(crate) fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is a hint and never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Default positions skipped per jump; see the benchmark in README.
 pub const JUMP_DEFAULT: usize = 32;
 /// Default deepest position indexed (blocks past it are refused and counted).

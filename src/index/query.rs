@@ -111,6 +111,9 @@ impl Sweep {
     }
 }
 
+/// Jump probes asked of the cache ahead of the one being made.
+const PROBES_AHEAD: u32 = 2;
+
 /// How many blocks from offset 0 of `view` agree with the query from `pos`.
 fn agreed(shared: &Shared, view: &RunView, chains: &mut Chains, pos: u32, jump: u32, guard: &Guard) -> u32 {
     let e = view.len.min(chains.len() as u32 - pos);
@@ -127,7 +130,17 @@ fn agreed(shared: &Shared, view: &RunView, chains: &mut Chains, pos: u32, jump: 
     // conversation trace), so the chains past where they leave are never
     // computed.
     let (mut lo, mut hi) = (0u32, e);
+    for ahead in 1..=PROBES_AHEAD {
+        if ahead * jump < e {
+            view.prefetch(&shared.chunks, ahead * jump, guard);
+        }
+    }
     while lo + jump < hi {
+        // Probes are misses in a long run: ask for a later one while this
+        // one's chains are worked out.
+        if lo + (PROBES_AHEAD + 1) * jump < e {
+            view.prefetch(&shared.chunks, lo + (PROBES_AHEAD + 1) * jump, guard);
+        }
         if same(lo + jump, chains) {
             lo += jump;
         } else {

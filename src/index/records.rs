@@ -13,6 +13,8 @@
 //! the steady state. Engine hashes are opaque and may be small or sequential
 //! numbers, so they are mixed before use.
 
+use super::prefetch;
+
 const SLOTS: usize = 10;
 /// Most slots in use, in 1/100ths of all slots, before the table grows.
 const LOAD_MAX_PERCENT: usize = 92;
@@ -351,17 +353,6 @@ impl Records {
         *self = Records::default();
         out
     }
-}
-
-#[inline]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetching is a hint and never faults.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //! held by nobody in the members a reader can see (see `tree`), so a reader
 //! that saw an older, longer length never credits anyone with them.
 
-use super::blocks::{ChunkPages, CHUNK_BLOCKS};
+use super::blocks::{Chunk, ChunkPages, CHUNK_BLOCKS};
 use super::members::Members;
 use super::pages::{Pages, Zeroable};
 use crossbeam::epoch::Guard;
@@ -70,5 +70,15 @@ impl RunView<'_> {
     pub(crate) fn chain(&self, pages: &ChunkPages, offset: u32, guard: &Guard) -> Option<u64> {
         let id = self.chunks?.ids.get(offset as usize / CHUNK_BLOCKS)?.load(Ordering::Relaxed);
         Some(pages.get(id, guard)?.chain(offset as usize % CHUNK_BLOCKS))
+    }
+
+    /// Asks the cache for the chain at `offset`, ahead of a `chain` call.
+    #[inline]
+    pub(crate) fn prefetch(&self, pages: &ChunkPages, offset: u32, guard: &Guard) {
+        let Some(id) = self.chunks.and_then(|c| c.ids.get(offset as usize / CHUNK_BLOCKS)) else { return };
+        if let Some(chunk) = pages.get(id.load(Ordering::Relaxed), guard) {
+            let at = (chunk as *const Chunk as *const u8).wrapping_add(offset as usize % CHUNK_BLOCKS * 8);
+            super::prefetch(at);
+        }
     }
 }

@@ -202,16 +202,16 @@ impl Tree {
     /// Sets or clears the holder's bit over `a..b` of `run` in its tier.
     pub(crate) fn mark(&mut self, shared: &Shared, run: u32, who: Holder, a: u32, b: u32, on: bool) {
         let len = self.len(shared, run);
-        if !on && a > 0 && b == len && self.tail_is_only(shared, run, who, a) {
-            // The worker lets go of a tail nobody else holds (an engine
-            // evicting the end of a sequence): cut it, with no new members.
-            // The worker's bits past the cut are its own, and its version is
-            // moving, so no reader is misled by them.
-            self.cut(shared, run, a);
-            return;
-        }
+        let cut = !on && a > 0 && b == len && self.tail_is_only(shared, run, who, a);
         let change = members::update(self.members(shared, run, who.tier), who.group, a, b, len, who.bit, on);
         self.set_members(shared, run, who.tier, change);
+        if cut {
+            // The worker let go of a tail nobody else holds (an engine
+            // evicting the end of a sequence): the run ends before it. Its
+            // bits went first, so no bit is ever left past a run's end for a
+            // later append to bring back into sight.
+            self.cut(shared, run, a);
+        }
     }
 
     /// Whether blocks `from..` of `run` are held by `who` alone (in any tier)
