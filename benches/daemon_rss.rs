@@ -13,7 +13,8 @@
 //! repeats load and clear with new blocks, so a later cycle shows the
 //! steady state (memory the first left behind is reused, or not). RSS is
 //! reported whole and less the idle daemon's (read after registering,
-//! before any block), per live pair and over the index's own bytes.
+//! before any block), per live pair and over the index's own bytes, and
+//! split into anonymous memory and mapped files (RssAnon, RssFile).
 //!
 //! Run: `cargo bench --bench daemon_rss -- [--engines 64] [--blocks 16384]
 //! [--prompt-blocks 256] [--settle-s 12] [--cycles 2] [--bin PATH] [--env NAME=VALUE]...
@@ -115,8 +116,22 @@ fn prompt_tokens(cycle: usize, engine: u64, prompt: usize, blocks: usize) -> Vec
 #[derive(Clone, Copy, Debug, Default)]
 struct Reading {
     rss_bytes: u64,
+    /// Of `rss_bytes`, anonymous memory (heap, stacks, libzmq's buffers) and
+    /// mapped files (the binary and its shared libraries).
+    anon_bytes: u64,
+    file_bytes: u64,
     index_bytes: f64,
     pairs: f64,
+}
+
+/// Field `name` (in kB) of /proc/PID/status, in bytes; 0 if absent.
+fn status_bytes(pid: u32, name: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 fn metrics(d: &Daemon) -> Result<String, String> {
@@ -132,6 +147,8 @@ fn read(d: &Daemon) -> Result<Reading, String> {
     let text = metrics(d)?;
     Ok(Reading {
         rss_bytes: d.rss_bytes(),
+        anon_bytes: status_bytes(d.pid(), "RssAnon"),
+        file_bytes: status_bytes(d.pid(), "RssFile"),
         index_bytes: metric(&text, "kv_indexer_index_bytes").unwrap_or(0.0),
         pairs: metric(&text, "kv_indexer_pairs").unwrap_or(0.0),
     })
@@ -173,9 +190,11 @@ fn report(label: &str, r: &Reading, idle: &Reading, pairs: f64, loaded_index_byt
     let rss = r.rss_bytes as f64;
     let over_idle = rss - idle.rss_bytes as f64;
     println!(
-        "{label:<22} RSS {:>7.1} MiB ({:>6.1} over idle), index {:>7.1} MiB, {:>7} pairs | per loaded pair: RSS {:>6.1} B ({:>6.1} over idle), index {:>5.1} B | RSS/index {:>5.2} ({:>5.2} over idle)",
+        "{label:<22} RSS {:>7.1} MiB ({:>6.1} over idle; anon {:>6.1}, files {:>4.1}), index {:>7.1} MiB, {:>7} pairs | per loaded pair: RSS {:>6.1} B ({:>6.1} over idle), index {:>5.1} B | RSS/index {:>5.2} ({:>5.2} over idle)",
         mib(rss),
         mib(over_idle),
+        mib(r.anon_bytes as f64),
+        mib(r.file_bytes as f64),
         mib(r.index_bytes),
         r.pairs,
         rss / pairs,
@@ -208,14 +227,16 @@ fn run(a: &Args) -> Result<(), String> {
     let idle = read(&d)?;
     let pairs = (a.engines as usize * a.blocks) as f64;
     println!(
-        "daemon {} {}{}: {} engines x {} blocks = {pairs} pairs, prompts of {} blocks; idle RSS {:.1} MiB",
+        "daemon {} {}{}: {} engines x {} blocks = {pairs} pairs, prompts of {} blocks; idle RSS {:.1} MiB (anon {:.1}, files {:.1})",
         a.bin,
         a.daemon_args.join(" "),
         a.env.iter().map(|(k, v)| format!(" {k}={v}")).collect::<String>(),
         a.engines,
         a.blocks,
         a.prompt_blocks,
-        mib(idle.rss_bytes as f64)
+        mib(idle.rss_bytes as f64),
+        mib(idle.anon_bytes as f64),
+        mib(idle.file_bytes as f64)
     );
 
     for cycle in 1..=a.cycles {
@@ -254,14 +275,17 @@ fn run(a: &Args) -> Result<(), String> {
         let cleared_settled = read(&d)?;
         report(&format!("after clear +{}s", a.settle_s), &cleared_settled, &idle, pairs, loaded.index_bytes);
         println!(
-            "result: cycle {cycle} rss_per_pair {:.1} index_per_pair {:.1} rss_over_index {:.3} rss_over_idle_over_index {:.3} rss_loaded_mib {:.1} rss_cleared_mib {:.1} idle_mib {:.1} load_cpu_s {load_cpu_s:.2}",
+            "result: cycle {cycle} rss_per_pair {:.1} index_per_pair {:.1} rss_over_index {:.3} rss_over_idle_over_index {:.3} rss_loaded_mib {:.1} anon_loaded_mib {:.1} files_loaded_mib {:.1} rss_cleared_mib {:.1} idle_mib {:.1} idle_anon_mib {:.1} load_cpu_s {load_cpu_s:.2}",
             settled.rss_bytes as f64 / pairs,
             loaded.index_bytes / pairs,
             settled.rss_bytes as f64 / loaded.index_bytes,
             (settled.rss_bytes as f64 - idle.rss_bytes as f64) / loaded.index_bytes,
             mib(settled.rss_bytes as f64),
+            mib(settled.anon_bytes as f64),
+            mib(settled.file_bytes as f64),
             mib(cleared_settled.rss_bytes as f64),
-            mib(idle.rss_bytes as f64)
+            mib(idle.rss_bytes as f64),
+            mib(idle.anon_bytes as f64)
         );
     }
     if d.log.errors.load(std::sync::atomic::Ordering::Relaxed) > 0 {
