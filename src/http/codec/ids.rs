@@ -7,10 +7,12 @@
 //! array is classified 64 bytes at a time into bit masks (digits, commas,
 //! zeros, everything else); a window runs up to its last comma, and if its
 //! bytes are only digits, spaces and commas, numbers and commas alternate,
-//! and every number has 1-7 digits and no leading zero, its numbers are
-//! located from the masks and converted several at a time (SSE4.1 where
-//! the CPU has it). At the first window it does not take, the element loop
-//! goes on from the last comma taken.
+//! and every number has 1-7 digits and no leading zero (`take`), its
+//! numbers are located from the masks and converted. With AVX2 (`avx2`)
+//! eight numbers are converted per step, each loaded as the 8 bytes that
+//! end at its last digit; elsewhere one at a time (`plain_prefix_portable`,
+//! the reference the AVX2 path is tested against). At the first window it
+//! does not take, the element loop goes on from the last comma taken.
 
 use super::json::{Json, Syntax, Walk};
 
@@ -107,6 +109,30 @@ pub(super) fn read_ids<T: Id>(w: &mut Walk<'_>, out: &mut Vec<T>) -> Result<Resu
     }
 }
 
+/// Bytes before the first element the fast path may read: the array is a
+/// member value, so at least `{"":[` precedes it in any body that gets here.
+const BEFORE_FIRST_BYTES: usize = 7;
+
+/// Bytes a window needs from its start: its 64, and past its end the 8 a
+/// number loaded near the end may touch.
+const WINDOW_BYTES: usize = 72;
+
+/// Consumes the leading elements of a token array that have the common
+/// shape, appending them to `out`. `start` is the first element. Returns
+/// how many were consumed and where the element loop goes on (a comma
+/// after the last one; `start` if none).
+fn plain_prefix(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, usize) {
+    if start < BEFORE_FIRST_BYTES {
+        return (0, start);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("pclmulqdq") {
+        // SAFETY: the CPU has AVX2 and PCLMULQDQ, just checked.
+        return unsafe { avx2::plain_prefix(b, start, out) };
+    }
+    plain_prefix_portable(b, start, out)
+}
+
 /// Classes of the 64 bytes of a window, one bit per byte (bit k = byte k).
 struct Masks {
     digits: u64,
@@ -114,6 +140,56 @@ struct Masks {
     zeros: u64,
     /// Neither a digit, a comma nor a space.
     other: u64,
+}
+
+/// A window of the common shape: where its numbers start and end, and its
+/// last comma, where the next window starts.
+struct Take {
+    starts: u64,
+    ends: u64,
+    last: usize,
+}
+
+/// Whether the window of masks `m` is taken, up to its last comma: only
+/// digits, spaces and commas, numbers and commas alternating (from a number
+/// if the window is the first, `at_comma` false; from a comma otherwise),
+/// every number 1-7 digits without a leading zero. `prefix_xor(x)`: bit j
+/// is the XOR of bits 0..=j of `x`.
+#[inline(always)]
+fn take(m: &Masks, at_comma: bool, prefix_xor: impl Fn(u64) -> u64) -> Option<Take> {
+    if m.commas >> 1 == 0 {
+        return None;
+    }
+    let last = 63 - m.commas.leading_zeros();
+    let keep = u64::MAX >> (63 - last);
+    let (digits, commas) = (m.digits & keep, m.commas & keep);
+    let starts = digits & !(digits << 1);
+    let ends = digits & !(digits >> 1);
+    let events = starts | commas;
+    // From a number, the commas are the events at even places; from a
+    // comma, at odd ones.
+    let parity = prefix_xor(events);
+    let comma_places = if at_comma { parity } else { !parity };
+    // Bit j: bytes j..j+8 are all digits (runs of 2, 4, then 8).
+    let long = [1, 2, 4].iter().fold(digits, |l, &s| l & (l >> s));
+    if m.other & keep != 0 || events & comma_places != commas || long != 0 || starts & m.zeros & !ends != 0 {
+        return None;
+    }
+    Some(Take { starts, ends, last: last as usize })
+}
+
+/// Numbers are converted into room made ahead of them, a window's worth of
+/// slots at least; the excess is cut at the end.
+const GROW_SLOTS: usize = 1024;
+
+/// Room for a window's numbers (at most 32: each is followed by a comma)
+/// after the `count` already converted past `first`.
+#[inline(always)]
+fn room(out: &mut Vec<u32>, first: usize, count: usize) -> Option<&mut [u32; 32]> {
+    if out.len() < first + count + 32 {
+        out.resize(first + count + GROW_SLOTS, 0);
+    }
+    out.get_mut(first + count..).and_then(|s| s.first_chunk_mut::<32>())
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -149,7 +225,7 @@ fn classify(w: &[u8; 64]) -> Masks {
     classify_scalar(w)
 }
 
-/// Portable classification; the reference the SIMD version is tested against.
+/// Portable classification; the reference the SIMD versions are tested against.
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn classify_scalar(w: &[u8; 64]) -> Masks {
     let mut m = Masks { digits: 0, commas: 0, zeros: 0, other: 0 };
@@ -167,7 +243,7 @@ fn classify_scalar(w: &[u8; 64]) -> Masks {
     m
 }
 
-/// Parity prefix: bit j of the result is the XOR of bits 0..=j of `x`.
+/// Parity prefix by shifts: bit j of the result is the XOR of bits 0..=j of `x`.
 #[inline(always)]
 fn prefix_xor(mut x: u64) -> u64 {
     for shift in [1, 2, 4, 8, 16, 32] {
@@ -176,13 +252,11 @@ fn prefix_xor(mut x: u64) -> u64 {
     x
 }
 
-/// A number's digits: at most 7, shifted to the top of a little-endian
-/// word, zero bytes below.
-type Word = u64;
-
-/// The value of a `Word`, by halves, quarters and pairs of digits (SWAR).
+/// The value of a number's digits (at most 7) shifted to the top of a
+/// little-endian word, zero bytes below: by halves, quarters and pairs of
+/// digits (SWAR).
 #[inline(always)]
-fn word_value(x: Word) -> u32 {
+fn word_value(x: u64) -> u32 {
     // The zero bytes below the digits stay zero: subtract '0' only above them.
     let v = x.wrapping_sub(0x3030_3030_3030_3030 << (x.trailing_zeros() & 0x38));
     let v = (v.wrapping_mul(10).wrapping_add(v >> 8)) & 0x00FF_00FF_00FF_00FF;
@@ -190,109 +264,152 @@ fn word_value(x: Word) -> u32 {
     ((v.wrapping_mul(10_000).wrapping_add(v >> 32)) & 0xFFFF_FFFF) as u32
 }
 
-fn convert_scalar(words: &[Word; 32], out: &mut [u32; 32], n: usize) {
-    for (o, &x) in out.iter_mut().zip(words).take(n) {
-        *o = word_value(x);
-    }
-}
-
-/// As `convert_scalar`, four words per step: bytes less '0' (zeros stay
-/// zero), then digit pairs, quads and halves summed by multiply-adds.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "sse4.1")]
-unsafe fn convert_sse41(words: &[Word; 32], out: &mut [u32; 32], n: usize) {
-    use std::arch::x86_64::*;
-    let zeros = _mm_set1_epi8(b'0' as i8);
-    let tens = _mm_set1_epi16(0x010A);
-    let hundreds = _mm_set1_epi32(0x0001_0064);
-    let ten_thousands = _mm_set1_epi32(0x0001_2710);
-    for g in 0..n.div_ceil(4).min(8) {
-        // SAFETY: g < 8, so words 4g..4g+4 and out 4g..4g+4 are in bounds.
-        let (a, b) = (words.as_ptr().add(4 * g).cast::<__m128i>(), words.as_ptr().add(4 * g + 2).cast::<__m128i>());
-        let a = _mm_madd_epi16(_mm_maddubs_epi16(_mm_subs_epu8(_mm_loadu_si128(a), zeros), tens), hundreds);
-        let b = _mm_madd_epi16(_mm_maddubs_epi16(_mm_subs_epu8(_mm_loadu_si128(b), zeros), tens), hundreds);
-        let v = _mm_madd_epi16(_mm_packus_epi32(a, b), ten_thousands);
-        _mm_storeu_si128(out.as_mut_ptr().add(4 * g).cast::<__m128i>(), v);
-    }
-}
-
-/// Consumes the leading elements of a token array that have the common
-/// shape, appending them to `out`. `start` is the first element. Returns
-/// how many were consumed and where the element loop goes on (a comma
-/// after the last one; `start` if none).
-fn plain_prefix(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, usize) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("sse4.1") {
-        // SAFETY: the CPU has SSE4.1, just checked.
-        return unsafe { plain_prefix_sse41(b, start, out) };
-    }
-    windows(b, start, out, convert_scalar)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "sse4.1")]
-unsafe fn plain_prefix_sse41(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, usize) {
-    // SAFETY: only called where the CPU has SSE4.1.
-    windows(b, start, out, |w, o, n| unsafe { convert_sse41(w, o, n) })
-}
-
-#[inline(always)]
-fn windows(
-    b: &[u8],
-    start: usize,
-    out: &mut Vec<u32>,
-    convert: impl Fn(&[Word; 32], &mut [u32; 32], usize),
-) -> (usize, usize) {
-    // Numbers are converted into room made ahead of them, a window's worth
-    // of slots at least; the excess is cut at the end.
-    const GROW_SLOTS: usize = 1024;
+/// The fast path on any CPU: windows classified 16 bytes at a time (SSE2
+/// on x86_64), numbers converted one at a time. The reference the AVX2
+/// path is tested against.
+fn plain_prefix_portable(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, usize) {
     let first = out.len();
     let (mut count, mut base) = (0, start);
-    let mut words = [0; 32];
-    // Whether the window starts on a comma (every window but the first).
     let mut at_comma = false;
-    // A window plus the 8 bytes a number loaded from near its end may need.
-    while let Some(w) = b.get(base..).and_then(|s| s.first_chunk::<72>()) {
+    while let Some(w) = b.get(base..).and_then(|s| s.first_chunk::<WINDOW_BYTES>()) {
         let Some(head) = w.first_chunk::<64>() else { break };
-        let m = classify(head);
-        if m.commas >> 1 == 0 {
-            break;
-        }
-        let last = 63 - m.commas.leading_zeros();
-        let keep = u64::MAX >> (63 - last);
-        let (digits, commas) = (m.digits & keep, m.commas & keep);
-        let starts = digits & !(digits << 1);
-        let ends = digits & !(digits >> 1);
-        let events = starts | commas;
-        // Numbers and commas alternate: from a number, the commas are the
-        // events at even places; from a comma, at odd ones.
-        let parity = prefix_xor(events);
-        let comma_places = if at_comma { parity } else { !parity };
-        // Bit j: bytes j..j+8 are all digits (runs of 2, 4, then 8).
-        let long = [1, 2, 4].iter().fold(digits, |l, &s| l & (l >> s));
-        if m.other & keep != 0 || events & comma_places != commas || long != 0 || starts & m.zeros & !ends != 0 {
-            break;
-        }
-        let n = starts.count_ones() as usize;
-        let (mut s_bits, mut e_bits) = (starts, ends);
-        for word in words.iter_mut().take(n) {
-            let (s, e) = (s_bits.trailing_zeros() as usize & 63, e_bits.trailing_zeros() as usize & 63);
+        let Some(t) = take(&classify(head), at_comma, prefix_xor) else { break };
+        let Some(slots) = room(out, first, count) else { break };
+        let (mut s_bits, mut e_bits) = (t.starts, t.ends);
+        let mut n = 0;
+        for slot in slots.iter_mut() {
+            if s_bits == 0 {
+                break;
+            }
+            let (s, e) = (s_bits.trailing_zeros() as usize, e_bits.trailing_zeros() as usize);
             s_bits &= s_bits.wrapping_sub(1);
             e_bits &= e_bits.wrapping_sub(1);
             let x = w.get(s..s + 8).and_then(|c| c.first_chunk::<8>()).map_or(0, |c| u64::from_le_bytes(*c));
-            *word = x.wrapping_shl(8 * (7 - (e.wrapping_sub(s) as u32 & 7)));
+            *slot = word_value(x.wrapping_shl(8 * (7 - (e.wrapping_sub(s) as u32 & 7))));
+            n += 1;
         }
-        if out.len() < first + count + 32 {
-            out.resize(first + count + GROW_SLOTS, 0);
-        }
-        let Some(slots) = out.get_mut(first + count..).and_then(|s| s.first_chunk_mut::<32>()) else { break };
-        convert(&words, slots, n);
         count += n;
-        base += last as usize;
+        base += t.last;
         at_comma = true;
     }
     out.truncate(first + count);
     (count, if count > 0 { base } else { start })
+}
+
+/// The fast path with AVX2: a window classified 32 bytes at a time, its
+/// parity prefix by one carry-less multiply, and each number loaded as the
+/// 8 bytes that end at its last digit, eight numbers to a register: the
+/// bytes below the number (from the highest non-digit down) are cleared,
+/// and digit pairs, quads and halves are summed by multiply-adds.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{room, take, Masks, BEFORE_FIRST_BYTES, WINDOW_BYTES};
+    use std::arch::x86_64::*;
+
+    /// See `super::plain_prefix`; `start` is at least `BEFORE_FIRST_BYTES`.
+    #[target_feature(enable = "avx2,pclmulqdq")]
+    pub(super) unsafe fn plain_prefix(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, usize) {
+        let first = out.len();
+        let (mut count, mut base) = (0, start);
+        let mut at_comma = false;
+        // The 7 bytes before a window, the window, and the 8 after it.
+        while let Some(span) =
+            b.get(base - BEFORE_FIRST_BYTES..).and_then(|s| s.first_chunk::<{ BEFORE_FIRST_BYTES + WINDOW_BYTES }>())
+        {
+            // SAFETY: the caller's CPU has PCLMULQDQ.
+            let Some(t) = take(&classify(span), at_comma, |x| unsafe { prefix_xor(x) }) else { break };
+            let Some(slots) = room(out, first, count) else { break };
+            let n = t.ends.count_ones() as usize;
+            let mut ends = t.ends;
+            for g in 0..n.div_ceil(8).min(4) {
+                // SAFETY: g < 4, so slots 8g..8g+8 are in the 32.
+                _mm256_storeu_si256(slots.as_mut_ptr().add(8 * g).cast(), eight(span, &mut ends));
+            }
+            count += n;
+            base += t.last;
+            at_comma = true;
+        }
+        out.truncate(first + count);
+        (count, if count > 0 { base } else { start })
+    }
+
+    /// The masks of the window at byte `BEFORE_FIRST_BYTES` of `span`.
+    #[inline(always)]
+    unsafe fn classify(span: &[u8; BEFORE_FIRST_BYTES + WINDOW_BYTES]) -> Masks {
+        let mut m = Masks { digits: 0, commas: 0, zeros: 0, other: 0 };
+        for k in 0..2 {
+            // SAFETY: bytes 7+32k..7+32k+32 (k < 2) are within the 79.
+            let v = _mm256_loadu_si256(span.as_ptr().add(BEFORE_FIRST_BYTES + 32 * k).cast());
+            let shifted = _mm256_sub_epi8(v, _mm256_set1_epi8(b'0' as i8));
+            let digit = _mm256_cmpeq_epi8(_mm256_min_epu8(shifted, _mm256_set1_epi8(9)), shifted);
+            let comma = _mm256_cmpeq_epi8(v, _mm256_set1_epi8(b',' as i8));
+            let space = _mm256_cmpeq_epi8(v, _mm256_set1_epi8(b' ' as i8));
+            let zero = _mm256_cmpeq_epi8(v, _mm256_set1_epi8(b'0' as i8));
+            let known = _mm256_or_si256(_mm256_or_si256(digit, comma), space);
+            let bits = |x| u64::from(_mm256_movemask_epi8(x) as u32) << (32 * k);
+            m.digits |= bits(digit);
+            m.commas |= bits(comma);
+            m.zeros |= bits(zero);
+            m.other |= !bits(known) & (0xFFFF_FFFF << (32 * k));
+        }
+        m
+    }
+
+    #[inline(always)]
+    unsafe fn prefix_xor(x: u64) -> u64 {
+        let v = _mm_clmulepi64_si128(_mm_set_epi64x(0, x as i64), _mm_set1_epi8(-1), 0);
+        _mm_cvtsi128_si64(v) as u64
+    }
+
+    /// Two numbers, each the 8 bytes ending at its last digit (the next
+    /// two bits of `ends`, window bits).
+    #[inline(always)]
+    unsafe fn pair(span: &[u8; BEFORE_FIRST_BYTES + WINDOW_BYTES], ends: &mut u64) -> __m128i {
+        let mut next = || {
+            // An empty mask gives 64, masked to 0: a lane no one counts.
+            let e = ends.trailing_zeros() as usize & 63;
+            *ends &= ends.wrapping_sub(1);
+            // SAFETY: e <= 63, so bytes e..e+8 of the 79 are in bounds;
+            // window byte e is span byte e + 7, the load's last.
+            span.as_ptr().add(e)
+        };
+        let lo = _mm_loadl_epi64(next().cast());
+        _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(lo), next().cast()))
+    }
+
+    /// Four numbers' digits as two u32 halves per lane (high digits first).
+    #[inline(always)]
+    unsafe fn four(span: &[u8; BEFORE_FIRST_BYTES + WINDOW_BYTES], ends: &mut u64) -> __m256i {
+        let lo = pair(span, ends);
+        let v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), pair(span, ends), 1);
+        // Each lane reversed: the last digit in byte 0, its run of digits
+        // upwards from there; the lowest run of ones of a digit mask is
+        // m & !(m + 1).
+        let reverse = _mm256_set_epi64x(
+            0x0809_0A0B_0C0D_0E0F,
+            0x0001_0203_0405_0607,
+            0x0809_0A0B_0C0D_0E0F,
+            0x0001_0203_0405_0607,
+        );
+        let v = _mm256_sub_epi8(_mm256_shuffle_epi8(v, reverse), _mm256_set1_epi8(b'0' as i8));
+        let digit = _mm256_cmpeq_epi8(_mm256_min_epu8(v, _mm256_set1_epi8(9)), v);
+        let run = _mm256_andnot_si256(_mm256_sub_epi64(digit, _mm256_set1_epi64x(-1)), digit);
+        let v = _mm256_and_si256(run, v);
+        let v = _mm256_maddubs_epi16(v, _mm256_set1_epi16(0x0A01));
+        let v = _mm256_madd_epi16(v, _mm256_set1_epi32(0x0064_0001));
+        // Low u32 the four low digits: swap so the high four come first.
+        _mm256_shuffle_epi32(v, 0b10_11_00_01)
+    }
+
+    /// The values of the next eight numbers of `ends`.
+    #[inline(always)]
+    unsafe fn eight(span: &[u8; BEFORE_FIRST_BYTES + WINDOW_BYTES], ends: &mut u64) -> __m256i {
+        let a = four(span, ends);
+        let b = four(span, ends);
+        let v = _mm256_madd_epi16(_mm256_packus_epi32(a, b), _mm256_set1_epi32(0x0001_2710));
+        // packus interleaves a's and b's halves within each 128-bit lane.
+        _mm256_permute4x64_epi64(v, 0b11_01_10_00)
+    }
 }
 
 #[cfg(test)]
@@ -307,10 +424,13 @@ mod tests {
             self.0 ^= self.0 << 17;
             self.0
         }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
     }
 
     #[test]
-    fn simd_and_scalar_agree() {
+    fn classification_parity_and_words() {
         let mut r = Rng(0x1234_5678_9abc_def1);
         let alphabet = b"0123456789, ,]-.\n\x00\xff/:";
         for _ in 0..2000 {
@@ -326,32 +446,25 @@ mod tests {
             for j in 0..64 {
                 assert_eq!((p >> j) & 1, u64::from((x & (u64::MAX >> (63 - j))).count_ones() % 2));
             }
-            let mut words = [0; 32];
-            let mut want = [0u32; 32];
-            for (word, v) in words.iter_mut().zip(want.iter_mut()) {
-                *v = (r.next() % 10_000_000) as u32 >> (r.next() % 24);
-                let text = v.to_string();
-                let mut bytes = [0u8; 8];
-                bytes[8 - text.len()..].copy_from_slice(text.as_bytes());
-                *word = u64::from_le_bytes(bytes);
-            }
-            let mut got = [0u32; 32];
-            convert_scalar(&words, &mut got, 32);
-            assert_eq!(got, want);
-            #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("sse4.1") {
-                let mut got = [0u32; 32];
-                unsafe { convert_sse41(&words, &mut got, 32) };
-                assert_eq!(got, want);
-            }
+            let v = (r.next() % 10_000_000) as u32 >> (r.next() % 24);
+            let text = v.to_string();
+            let mut bytes = [0u8; 8];
+            bytes[8 - text.len()..].copy_from_slice(text.as_bytes());
+            assert_eq!(word_value(u64::from_le_bytes(bytes)), v);
         }
     }
 
+    /// What precedes the array's first element in the tests' bodies.
+    const HEAD: &str = "{\"t\":[ ";
+
+    /// The fast path on `HEAD` + `text`: the ids, how many, and where the
+    /// element loop goes on, counted from the start of `text`.
     fn prefix(text: &str) -> (Vec<u32>, usize, usize) {
+        let body = format!("{HEAD}{text}");
         let mut out = Vec::new();
-        let (n, end) = plain_prefix(text.as_bytes(), 0, &mut out);
+        let (n, end) = plain_prefix(body.as_bytes(), HEAD.len(), &mut out);
         assert_eq!(out.len(), n);
-        (out, n, end)
+        (out, n, end - HEAD.len())
     }
 
     #[test]
@@ -372,6 +485,9 @@ mod tests {
         }
         // A leading comma is not an element.
         assert_eq!(prefix(&format!(",1, 2{tail}")).1, 0);
+        // Too close to the body's start for the bytes before it to be read.
+        let body = format!("[{}]{tail}", many.join(","));
+        assert_eq!(plain_prefix(body.as_bytes(), 1, &mut Vec::new()), (0, 1));
     }
 
     #[test]
@@ -384,5 +500,60 @@ mod tests {
             assert!(n >= 150 + shift, "{n}");
             assert_eq!(v[shift..], ids[..n - shift]);
         }
+    }
+
+    /// A token array of random shape: numbers of every length (some with
+    /// leading zeros, signs, fractions), separators with spaces and other
+    /// whitespace, sometimes a stray byte, then `]` and a random tail.
+    fn random_array(r: &mut Rng) -> String {
+        let mut s = String::new();
+        let odd_one_in = [20, 200, 5000][r.below(3) as usize];
+        let max_digits = [3, 6, 7, 10][r.below(4) as usize];
+        for i in 0..r.below(120) {
+            if i > 0 {
+                let kinds = if r.below(9) == 0 { 7 } else { 3 };
+                s.push_str([",", ", ", " ,", " , ", ",  ", ",\n", ",\t"][r.below(kinds) as usize]);
+            }
+            let digits = 1 + r.below(max_digits) as u32;
+            let v = r.next() % 10u64.pow(digits);
+            let mut num = v.to_string();
+            if r.below(odd_one_in) == 0 {
+                let odd = ["0", "-", ".5", "e1", "\"", "]", "x", "", "\u{e9}", "00"][r.below(10) as usize];
+                num = if r.below(2) == 0 { format!("{odd}{num}") } else { format!("{num}{odd}") };
+            }
+            s.push_str(&num);
+        }
+        s.push(']');
+        s.push_str(&" ".repeat(r.below(90) as usize));
+        s
+    }
+
+    /// Every shape of array: both paths agree, and what they take is the
+    /// array's text up to a comma, read as plain integers.
+    #[test]
+    fn paths_agree_on_random_arrays() {
+        let mut r = Rng(0x0bad_cafe_dead_beef);
+        let mut taken = 0;
+        for _ in 0..20_000 {
+            let text = random_array(&mut r);
+            let body = format!("{HEAD}{text}");
+            let mut portable = vec![7];
+            let got = plain_prefix_portable(body.as_bytes(), HEAD.len(), &mut portable);
+            let mut dispatched = vec![7];
+            assert_eq!(plain_prefix(body.as_bytes(), HEAD.len(), &mut dispatched), got, "{text}");
+            assert_eq!(dispatched, portable, "{text}");
+            let (n, end) = got;
+            assert_eq!(portable.len(), 1 + n);
+            if n == 0 {
+                assert_eq!(end, HEAD.len());
+                continue;
+            }
+            assert_eq!(body.as_bytes()[end], b',', "{text}");
+            let want: Vec<u32> =
+                body[HEAD.len()..end].split(',').map(|t| t.trim_matches(' ').parse().unwrap()).collect();
+            assert_eq!(portable[1..], want, "{text}");
+            taken += n;
+        }
+        assert!(taken > 200_000, "{taken}");
     }
 }
