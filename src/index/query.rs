@@ -166,8 +166,11 @@ fn agreed(shared: &Shared, view: &RunView, chains: &mut Chains, pos: u32, jump: 
     lo + 1
 }
 
-/// Walks the query's path once for the groups in `sweeps`.
-fn walk(shared: &Shared, chains: &mut Chains, jump: u32, sweeps: &mut [Sweep], guard: &Guard) {
+/// Walks the query's path once for the groups in `sweeps`; true if a run
+/// on the path was cut while the walk used it (the answers may mix its old
+/// length with newer members: walk again).
+fn walk(shared: &Shared, chains: &mut Chains, jump: u32, sweeps: &mut [Sweep], guard: &Guard) -> bool {
+    let mut torn = false;
     let lower: [bool; 4] =
         std::array::from_fn(|t| t > 0 && shared.tier_pairs[t].load(std::sync::atomic::Ordering::Relaxed) > 0);
     let n = chains.len() as u32;
@@ -186,6 +189,7 @@ fn walk(shared: &Shared, chains: &mut Chains, jump: u32, sweeps: &mut [Sweep], g
         for s in sweeps.iter_mut() {
             s.run(&view, pos, m, lower);
         }
+        torn |= header.cut_since(&view);
         pos += m;
         if sweeps.iter().all(Sweep::done) {
             break;
@@ -194,6 +198,7 @@ fn walk(shared: &Shared, chains: &mut Chains, jump: u32, sweeps: &mut [Sweep], g
     for s in sweeps.iter_mut() {
         s.finish(pos);
     }
+    torn
 }
 
 /// Retries before a query walks under the tree lock instead.
@@ -268,13 +273,15 @@ where
                 }
             }
             let mut sweeps: Vec<Sweep> = pending.iter().map(|&(g, m)| Sweep::new(g as u32, m)).collect();
-            walk(shared, chains, jump, &mut sweeps, &guard);
+            let torn = walk(shared, chains, jump, &mut sweeps, &guard) && attempt < RETRIES_MAX;
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             let mut still = Vec::new();
             for (k, s) in sweeps.into_iter().enumerate() {
                 let (group, mask) = pending[k];
                 let mut unstable = 0u64;
-                if quick {
+                if torn {
+                    unstable = mask;
+                } else if quick {
                     let word = table.group_word(group);
                     if word != before[k][0] || word as u32 != 0 {
                         unstable = mask;

@@ -33,6 +33,9 @@ pub(crate) struct ChunkList {
 pub(crate) struct RunHeader {
     pub start: AtomicU32,
     pub len: AtomicU32,
+    /// Times the run was cut shorter (or freed): a reader that saw it move
+    /// while it looked may have mixed the old length with newer members.
+    pub cuts: AtomicU32,
     pub chunks: AtomicPtr<ChunkList>,
     pub members: [AtomicPtr<Members>; 4],
 }
@@ -46,21 +49,32 @@ pub(crate) type RunPages = Pages<RunHeader, PAGE_RUNS>;
 pub(crate) struct RunView<'g> {
     pub start: u32,
     pub len: u32,
+    /// `cuts` when the view was taken.
+    pub cuts: u32,
     chunks: Option<&'g ChunkList>,
     pub members: [Option<&'g Members>; 4],
 }
 
 impl RunHeader {
+    /// Whether the run was cut since `view` was taken; call after the
+    /// reader is done with the view.
+    #[inline]
+    pub(crate) fn cut_since(&self, view: &RunView) -> bool {
+        std::sync::atomic::fence(Ordering::Acquire);
+        self.cuts.load(Ordering::Relaxed) != view.cuts
+    }
+
     /// Loads the run in the order the writer publishes it.
     #[inline]
     pub(crate) fn view<'g>(&self, guard: &'g Guard) -> RunView<'g> {
+        let cuts = self.cuts.load(Ordering::Acquire);
         let len = self.len.load(Ordering::Acquire);
         let start = self.start.load(Ordering::Acquire);
         let _ = guard;
         // SAFETY: lists and members are freed through epochs only, and `guard` is pinned.
         let chunks = unsafe { self.chunks.load(Ordering::Acquire).as_ref() };
         let members = std::array::from_fn(|t| unsafe { self.members[t].load(Ordering::Acquire).as_ref() });
-        RunView { start, len, chunks, members }
+        RunView { start, len, cuts, chunks, members }
     }
 }
 

@@ -383,7 +383,10 @@ impl Tree {
         let h = self.header(shared, run);
         let len = h.len.load(Ordering::Relaxed);
         // Nobody holds a block past `keep`, and the members say so past the
-        // end too, so readers that still use the old length credit nobody.
+        // end too. A reader that took the old length may still take members
+        // changed after this cut (whose last segment runs past `keep`), so
+        // it checks `cuts` once done with the run and looks again.
+        h.cuts.fetch_add(1, Ordering::AcqRel);
         h.len.store(keep, Ordering::Release);
         // SAFETY: writer only.
         let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
@@ -400,6 +403,7 @@ impl Tree {
         let h = self.header(shared, run);
         let len = h.len.load(Ordering::Relaxed);
         let first = self.chain(shared, self.block_at(shared, run, 0));
+        h.cuts.fetch_add(1, Ordering::AcqRel);
         h.len.store(0, Ordering::Release);
         let removed = shared.starts.remove(first);
         debug_assert!(removed, "run {run} was listed by its first chain");
