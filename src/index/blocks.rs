@@ -32,6 +32,10 @@ pub(crate) struct Chunk {
 // SAFETY: atomics only.
 unsafe impl Zeroable for Chunk {}
 
+// The bytes per pair in ARCHITECTURE.md count on these: 8 bytes a block's
+// chain, 8 bytes of owner per chunk of 16 blocks.
+const _: () = assert!(std::mem::size_of::<Chunk>() == 8 * CHUNK_BLOCKS);
+
 impl Chunk {
     #[inline]
     pub(crate) fn chain(&self, slot: usize) -> u64 {
@@ -54,6 +58,8 @@ pub(crate) struct ChunkOwner {
     /// The chunk's index in the run: its first block is at offset `index * CHUNK_BLOCKS`.
     pub index: u32,
 }
+
+const _: () = assert!(std::mem::size_of::<ChunkOwner>() == 8);
 
 /// Writer side: which chunks are free, and whose the others are.
 #[derive(Default)]
