@@ -75,20 +75,22 @@ impl Marks {
         }
     }
 
-    fn add(&mut self, tree: &mut Tree, shared: &Shared, id: u32) {
+    /// Adds block `id`; returns its run.
+    fn add(&mut self, tree: &mut Tree, shared: &Shared, id: u32) -> u32 {
         let (run, off) = tree.locate(id);
         if let Some(r) = &mut self.range {
             if r.run == run && r.b == off {
                 r.b += 1;
-                return;
+                return run;
             }
             if r.run == run && off + 1 == r.a {
                 r.a -= 1;
-                return;
+                return run;
             }
         }
         self.flush(tree, shared);
         self.range = Some(Range { run, a: off, b: off + 1 });
+        run
     }
 }
 
@@ -511,8 +513,7 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
         let mut marks = Marks::new(Holder { tier, group, bit }, false);
         let mut touched: Vec<u32> = Vec::new();
         for &id in &gone {
-            marks.add(tree, shared, id);
-            let run = tree.locate(id).0;
+            let run = marks.add(tree, shared, id);
             if touched.last() != Some(&run) {
                 touched.push(run);
             }
