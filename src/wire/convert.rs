@@ -100,17 +100,14 @@ impl WorkerConverter {
         }
     }
 
-    /// Forgets everything learned about the worker: it was cleared or restarted.
-    pub fn reset(&mut self) {
-        self.salts = FxHashMap::default();
-        self.split_factor = 1;
-        self.group_is_main = [None; GROUPS_TRACKED_MAX];
-        self.indexed_group = None;
+    /// The index block size this converter cuts blocks to.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
     }
 
-    /// Salted engine blocks currently remembered.
-    pub fn salted_blocks(&self) -> usize {
-        self.salts.len()
+    /// Forgets everything learned about the worker: it was cleared or restarted.
+    pub fn reset(&mut self) {
+        *self = Self::new(self.block_size);
     }
 
     /// Appends the index events for `events` of `worker` to `out`, counting skips.

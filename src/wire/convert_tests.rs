@@ -185,7 +185,7 @@ fn salt_from_event_or_tag_and_inherited_by_children() {
         assert_eq!(root_locals, vec![12236259103925738072, 16244233118725531467]);
         assert_eq!(blocks(&out[1]).1[0].local_hash, local_hash(&[9, 10, 11, 12], salted_seed));
         assert_eq!(blocks(&out[2]).1[0].local_hash, local_hash(&[9, 10, 11, 12], BASE_SEED_FOR_TEST));
-        assert_eq!(conv.salted_blocks(), 3);
+        assert_eq!(conv.salts.len(), 3);
     }
 }
 
@@ -198,15 +198,15 @@ fn salt_entries_leave_with_their_last_tier_and_on_clear() {
     let cpu = RawStored { medium: Some("CPU".into()), ..gpu.clone() };
     run(&mut conv, vec![RawEvent::Stored(gpu), RawEvent::Stored(cpu)]);
     run(&mut conv, vec![RawEvent::Removed(remove(&[1]))]);
-    assert_eq!(conv.salted_blocks(), 1, "still held in the CPU tier");
+    assert_eq!(conv.salts.len(), 1, "still held in the CPU tier");
     // A child stored now still inherits the salt through the CPU copy.
     let (out, _) = run(&mut conv, vec![RawEvent::Stored(store(&[2], Some(1), 5))]);
     assert_eq!(blocks(&out[0]).1[0].local_hash, local_hash(&[5, 6, 7, 8], seed_for(None, Some("s"))));
     run(&mut conv, vec![RawEvent::Removed(RawRemoved { medium: Some("CPU".into()), ..remove(&[1]) })]);
-    assert_eq!(conv.salted_blocks(), 1, "the child is still there");
+    assert_eq!(conv.salts.len(), 1, "the child is still there");
     let (out, _) = run(&mut conv, vec![RawEvent::Cleared]);
     assert_eq!(out, vec![Event::cleared(W)]);
-    assert_eq!(conv.salted_blocks(), 0);
+    assert_eq!(conv.salts.len(), 0);
     // After the clear the old parent's salt is forgotten.
     let (out, _) = run(&mut conv, vec![RawEvent::Stored(store(&[3], Some(2), 5))]);
     assert_eq!(blocks(&out[0]).1[0].local_hash, local_hash(&[5, 6, 7, 8], BASE_SEED_FOR_TEST));
@@ -279,7 +279,7 @@ fn salt_table_is_bounded() {
     let full = RawStored { block_hashes: hashes, ..full };
     let (out, _) = run(&mut conv, vec![RawEvent::Stored(full)]);
     assert_eq!(out.len(), 1);
-    assert_eq!(conv.salted_blocks(), SALTED_BLOCKS_MAX);
+    assert_eq!(conv.salts.len(), SALTED_BLOCKS_MAX);
     let one_more = RawStored { cache_salt: Some("s".into()), ..store(&[u64::MAX], None, 1) };
     let (out, skips) = run(&mut conv, vec![RawEvent::Stored(one_more)]);
     assert!(out.is_empty());

@@ -17,7 +17,7 @@
 
 use super::error::WireError;
 use super::extra_keys::{classify, BlockKeys, ExtraKey};
-use super::msgpack::{describe, item_to_u32, Item, Reader};
+use super::msgpack::{u32_at, Item, Reader};
 use super::raw::{DecodedBatch, RawEvent, RawRemoved, RawStored};
 use crate::event::BLOCKS_PER_EVENT_MAX;
 
@@ -72,23 +72,16 @@ fn read_timestamp(r: &mut Reader<'_>) -> Result<f64, WireError> {
     }
 }
 
-/// The fields of one event as read, borrowed from the payload.
+/// The fields of one event as read: the optional ones straight into a
+/// `RawStored` (a remove takes its share), extra keys borrowed from the payload.
 #[derive(Default)]
 struct Fields<'a> {
     tag: Option<&'a str>,
     block_hashes: Option<Vec<u64>>,
-    parent_block_hash: Option<u64>,
     token_ids: Option<Vec<u32>>,
     block_size: Option<u32>,
-    lora_id: Option<u64>,
-    medium: Option<&'a str>,
-    lora_name: Option<&'a str>,
-    cache_salt: Option<&'a str>,
     extra_keys: Option<BlockKeys<'a>>,
-    group_idx: Option<u32>,
-    kv_cache_spec_kind: Option<&'a str>,
-    locality: Option<&'a str>,
-    ownership: Option<&'a str>,
+    rest: RawStored,
 }
 
 #[derive(Copy, Clone, PartialEq, Eq)]
@@ -96,14 +89,6 @@ enum Tag {
     Stored,
     Removed,
     Other,
-}
-
-fn tag_of(tag: &str) -> Tag {
-    match tag {
-        "BlockStored" => Tag::Stored,
-        "BlockRemoved" => Tag::Removed,
-        _ => Tag::Other,
-    }
 }
 
 fn decode_event(r: &mut Reader<'_>) -> Result<RawEvent, WireError> {
@@ -131,22 +116,27 @@ fn read_positional<'a>(r: &mut Reader<'a>, len: u32, start: usize) -> Result<Fie
         return Err(WireError::at(start, "event array is empty: no type tag"));
     }
     let tag = read_tag(r)?;
-    let kind = tag_of(tag);
+    let kind = match tag {
+        "BlockStored" => Tag::Stored,
+        "BlockRemoved" => Tag::Removed,
+        _ => Tag::Other,
+    };
     let mut f = Fields { tag: Some(tag), ..Fields::default() };
+    let o = &mut f.rest;
     for position in 1..len {
         match (kind, position) {
             (Tag::Stored | Tag::Removed, 1) => f.block_hashes = Some(read_hashes(r)?),
-            (Tag::Stored, 2) => f.parent_block_hash = read_hash_or_nil(r)?,
+            (Tag::Stored, 2) => o.parent_block_hash = read_hash_or_nil(r)?,
             (Tag::Stored, 3) => f.token_ids = Some(read_tokens(r)?),
-            (Tag::Stored, 4) => f.block_size = Some(read_block_size(r)?),
-            (Tag::Stored, 5) => f.lora_id = read_lora_id(r)?,
-            (Tag::Stored, 6) | (Tag::Removed, 2) => f.medium = read_str(r, "medium")?,
-            (Tag::Stored, 7) => read_lora_slot(r, &mut f)?,
+            (Tag::Stored, 4) => f.block_size = Some(r.u32("block_size")?),
+            (Tag::Stored, 5) => o.lora_id = read_lora_id(r)?,
+            (Tag::Stored, 6) | (Tag::Removed, 2) => o.medium = read_str(r, "medium")?,
+            (Tag::Stored, 7) => read_lora_slot(r, o)?,
             (Tag::Stored, 8) => f.extra_keys = read_extra_keys(r)?,
-            (Tag::Stored, 9) | (Tag::Removed, 3) => f.group_idx = r.u32_or_nil("group_idx")?,
-            (Tag::Stored, 10) | (Tag::Removed, 4) => f.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
-            (Tag::Stored, 12) | (Tag::Removed, 6) => f.locality = read_str(r, "locality")?,
-            (Tag::Stored, 13) | (Tag::Removed, 7) => f.ownership = read_str(r, "ownership")?,
+            (Tag::Stored, 9) | (Tag::Removed, 3) => o.group_idx = r.u32_or_nil("group_idx")?,
+            (Tag::Stored, 10) | (Tag::Removed, 4) => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
+            (Tag::Stored, 12) | (Tag::Removed, 6) => o.locality = read_str(r, "locality")?,
+            (Tag::Stored, 13) | (Tag::Removed, 7) => o.ownership = read_str(r, "ownership")?,
             _ => r.skip()?,
         }
     }
@@ -166,29 +156,26 @@ fn read_map<'a>(r: &mut Reader<'a>, len: u32) -> Result<Fields<'a>, WireError> {
                 continue;
             }
         };
+        let o = &mut f.rest;
         match key {
             b"type" => f.tag = Some(read_tag(r)?),
             b"block_hashes" => f.block_hashes = Some(read_hashes(r)?),
-            b"parent_block_hash" => f.parent_block_hash = read_hash_or_nil(r)?,
+            b"parent_block_hash" => o.parent_block_hash = read_hash_or_nil(r)?,
             b"token_ids" => f.token_ids = Some(read_tokens(r)?),
-            b"block_size" => f.block_size = Some(read_block_size(r)?),
-            b"lora_id" => f.lora_id = read_lora_id(r)?,
-            b"medium" => f.medium = read_str(r, "medium")?,
-            b"lora_name" => f.lora_name = read_str(r, "lora_name")?,
-            b"cache_salt" => f.cache_salt = read_str(r, "cache_salt")?,
+            b"block_size" => f.block_size = Some(r.u32("block_size")?),
+            b"lora_id" => o.lora_id = read_lora_id(r)?,
+            b"medium" => o.medium = read_str(r, "medium")?,
+            b"lora_name" => o.lora_name = read_str(r, "lora_name")?,
+            b"cache_salt" => o.cache_salt = read_str(r, "cache_salt")?,
             b"extra_keys" => f.extra_keys = read_extra_keys(r)?,
-            b"group_idx" => f.group_idx = r.u32_or_nil("group_idx")?,
-            b"kv_cache_spec_kind" => f.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
-            b"locality" => f.locality = read_str(r, "locality")?,
-            b"ownership" => f.ownership = read_str(r, "ownership")?,
+            b"group_idx" => o.group_idx = r.u32_or_nil("group_idx")?,
+            b"kv_cache_spec_kind" => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
+            b"locality" => o.locality = read_str(r, "locality")?,
+            b"ownership" => o.ownership = read_str(r, "ownership")?,
             _ => r.skip()?,
         }
     }
     Ok(f)
-}
-
-fn owned(s: Option<&str>) -> Option<String> {
-    s.filter(|s| !s.is_empty()).map(str::to_owned)
 }
 
 fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
@@ -196,46 +183,39 @@ fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
         return Err(WireError::at(start, "event map has no \"type\""));
     };
     let missing = |field: &str| WireError::at(start, format!("{tag} event without {field}"));
+    let o = f.rest;
     match tag {
         "BlockStored" => {
             let block_hashes = f.block_hashes.ok_or_else(|| missing("block_hashes"))?;
             let token_ids = f.token_ids.ok_or_else(|| missing("token_ids"))?;
             let block_size = f.block_size.ok_or_else(|| missing("block_size"))?;
-            let lora_name = f.lora_name.filter(|s| !s.is_empty());
-            let classified = f.extra_keys.map(|keys| classify(&keys, lora_name)).unwrap_or_default();
+            let classified = f.extra_keys.map(|keys| classify(&keys, o.lora_name.as_deref())).unwrap_or_default();
             Ok(RawEvent::Stored(RawStored {
                 block_hashes,
-                parent_block_hash: f.parent_block_hash,
                 token_ids,
                 block_size,
-                lora_id: f.lora_id,
-                lora_name: owned(lora_name),
-                medium: owned(f.medium),
-                cache_salt: owned(f.cache_salt),
                 extra_keys_salt: classified.salt,
                 block_mm_hashes: classified.block_mm_hashes,
                 opaque_extra_keys_from: classified.opaque_from,
-                group_idx: f.group_idx,
-                kv_cache_spec_kind: owned(f.kv_cache_spec_kind),
-                locality: owned(f.locality),
-                ownership: owned(f.ownership),
+                ..o
             }))
         }
         "BlockRemoved" => Ok(RawEvent::Removed(RawRemoved {
             block_hashes: f.block_hashes.ok_or_else(|| missing("block_hashes"))?,
-            medium: owned(f.medium),
-            group_idx: f.group_idx,
-            kv_cache_spec_kind: owned(f.kv_cache_spec_kind),
-            locality: owned(f.locality),
-            ownership: owned(f.ownership),
+            medium: o.medium,
+            group_idx: o.group_idx,
+            kv_cache_spec_kind: o.kv_cache_spec_kind,
+            locality: o.locality,
+            ownership: o.ownership,
         })),
         "AllBlocksCleared" => Ok(RawEvent::Cleared),
         _ => Ok(RawEvent::Unknown),
     }
 }
 
-fn read_str<'a>(r: &mut Reader<'a>, what: &str) -> Result<Option<&'a str>, WireError> {
-    r.str_or_nil(what, ENGINE_STRING_BYTES_MAX)
+/// A string or nil; an empty string is absent.
+fn read_str(r: &mut Reader<'_>, what: &str) -> Result<Option<String>, WireError> {
+    Ok(r.str_or_nil(what, ENGINE_STRING_BYTES_MAX)?.filter(|s| !s.is_empty()).map(str::to_owned))
 }
 
 /// An engine hash: uint64, int64 (two's complement) or bytes (last 8, big-endian).
@@ -281,12 +261,6 @@ fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, WireError> {
     Ok(out)
 }
 
-fn token_of(start: usize, item: Item<'_>) -> Result<u32, WireError> {
-    item_to_u32(item).ok_or_else(|| {
-        WireError::at(start, format!("token id: expected an integer in 0..=u32::MAX, found {}", describe(item)))
-    })
-}
-
 /// Token ids, plain or as SGLang's bigram pairs `[token, next]` (the first is the block's token).
 fn read_tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, WireError> {
     let len = r.array("token_ids")?;
@@ -304,25 +278,13 @@ fn read_tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, WireError> {
         let start = r.pos();
         match r.next()? {
             Item::Array(2) => {
-                let first = r.pos();
-                let token = r.next()?;
-                out.push(token_of(first, token)?);
-                let second = r.pos();
-                let next = r.next()?;
-                token_of(second, next)?;
+                out.push(r.u32("token id")?);
+                r.u32("token id")?;
             }
-            item => out.push(token_of(start, item)?),
+            item => out.push(u32_at(start, item, "token id")?),
         }
     }
     Ok(out)
-}
-
-fn read_block_size(r: &mut Reader<'_>) -> Result<u32, WireError> {
-    let start = r.pos();
-    let item = r.next()?;
-    item_to_u32(item).ok_or_else(|| {
-        WireError::at(start, format!("block_size: expected an integer in 0..=u32::MAX, found {}", describe(item)))
-    })
 }
 
 fn read_lora_id(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
@@ -337,15 +299,18 @@ fn read_lora_id(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
 
 /// Position 7 of a positional BlockStored: vLLM's `lora_name`, or a map
 /// carrying SGLang's `cache_salt`.
-fn read_lora_slot<'a>(r: &mut Reader<'a>, f: &mut Fields<'a>) -> Result<(), WireError> {
+fn read_lora_slot(r: &mut Reader<'_>, o: &mut RawStored) -> Result<(), WireError> {
     let start = r.pos();
     match r.next()? {
         Item::Nil => {}
-        Item::Str(bytes) => f.lora_name = Some(r.utf8(start, "lora_name", bytes, ENGINE_STRING_BYTES_MAX)?),
+        Item::Str(bytes) => {
+            let name = r.utf8(start, "lora_name", bytes, ENGINE_STRING_BYTES_MAX)?;
+            o.lora_name = Some(name.to_owned()).filter(|s| !s.is_empty());
+        }
         Item::Map(len) => {
             for _ in 0..len {
                 match r.next()? {
-                    Item::Str(b"cache_salt") => f.cache_salt = read_str(r, "cache_salt")?,
+                    Item::Str(b"cache_salt") => o.cache_salt = read_str(r, "cache_salt")?,
                     other => {
                         r.skip_children(other, 1)?;
                         r.skip()?;

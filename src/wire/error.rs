@@ -22,11 +22,6 @@ impl WireError {
     pub(crate) fn at(offset: usize, message: impl Into<String>) -> Self {
         Self { offset: Some(offset), message: message.into() }
     }
-
-    /// Byte offset in the payload where decoding failed, if the error is about the payload.
-    pub fn offset(&self) -> Option<usize> {
-        self.offset
-    }
 }
 
 impl fmt::Display for WireError {

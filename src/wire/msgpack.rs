@@ -95,18 +95,19 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    fn len8(&mut self) -> Result<usize, WireError> {
-        Ok(usize::from(self.be::<1>()?[0]))
+    /// A length of `width` bytes, big-endian.
+    fn len(&mut self, width: usize) -> Result<usize, WireError> {
+        let len = self.take(width)?.iter().fold(0u64, |acc, &b| acc << 8 | u64::from(b));
+        usize::try_from(len).map_err(|_| self.error("length does not fit this platform"))
     }
 
-    fn len16(&mut self) -> Result<usize, WireError> {
-        Ok(usize::from(u16::from_be_bytes(self.be()?)))
+    /// A string or binary whose length takes `width` bytes.
+    fn sized(&mut self, width: usize) -> Result<&'a [u8], WireError> {
+        let n = self.len(width)?;
+        self.take(n)
     }
 
-    fn len32(&mut self) -> Result<usize, WireError> {
-        usize::try_from(u32::from_be_bytes(self.be()?)).map_err(|_| self.error("length does not fit this platform"))
-    }
-
+    /// A container header of `len` elements taking `per_element` items each.
     fn container(&mut self, len: usize, per_element: usize) -> Result<u32, WireError> {
         // Every element takes at least one byte: a longer claim is a lie.
         if len.saturating_mul(per_element) > self.remaining() {
@@ -138,74 +139,33 @@ impl<'a> Reader<'a> {
             Marker::F32 => Item::Float(f64::from(f32::from_be_bytes(self.be()?))),
             Marker::F64 => Item::Float(f64::from_be_bytes(self.be()?)),
             Marker::FixStr(n) => Item::Str(self.take(usize::from(n))?),
-            Marker::Str8 => {
-                let n = self.len8()?;
-                Item::Str(self.take(n)?)
-            }
-            Marker::Str16 => {
-                let n = self.len16()?;
-                Item::Str(self.take(n)?)
-            }
-            Marker::Str32 => {
-                let n = self.len32()?;
-                Item::Str(self.take(n)?)
-            }
-            Marker::Bin8 => {
-                let n = self.len8()?;
-                Item::Bin(self.take(n)?)
-            }
-            Marker::Bin16 => {
-                let n = self.len16()?;
-                Item::Bin(self.take(n)?)
-            }
-            Marker::Bin32 => {
-                let n = self.len32()?;
-                Item::Bin(self.take(n)?)
-            }
+            Marker::Str8 => Item::Str(self.sized(1)?),
+            Marker::Str16 => Item::Str(self.sized(2)?),
+            Marker::Str32 => Item::Str(self.sized(4)?),
+            Marker::Bin8 => Item::Bin(self.sized(1)?),
+            Marker::Bin16 => Item::Bin(self.sized(2)?),
+            Marker::Bin32 => Item::Bin(self.sized(4)?),
             Marker::FixArray(n) => Item::Array(self.container(usize::from(n), 1)?),
-            Marker::Array16 => {
-                let n = self.len16()?;
-                Item::Array(self.container(n, 1)?)
-            }
-            Marker::Array32 => {
-                let n = self.len32()?;
-                Item::Array(self.container(n, 1)?)
-            }
+            Marker::Array16 => Item::Array(self.len(2).and_then(|n| self.container(n, 1))?),
+            Marker::Array32 => Item::Array(self.len(4).and_then(|n| self.container(n, 1))?),
             Marker::FixMap(n) => Item::Map(self.container(usize::from(n), 2)?),
-            Marker::Map16 => {
-                let n = self.len16()?;
-                Item::Map(self.container(n, 2)?)
-            }
-            Marker::Map32 => {
-                let n = self.len32()?;
-                Item::Map(self.container(n, 2)?)
-            }
+            Marker::Map16 => Item::Map(self.len(2).and_then(|n| self.container(n, 2))?),
+            Marker::Map32 => Item::Map(self.len(4).and_then(|n| self.container(n, 2))?),
+            // One type byte, then the data.
             Marker::FixExt1 => self.ext(1)?,
             Marker::FixExt2 => self.ext(2)?,
             Marker::FixExt4 => self.ext(4)?,
             Marker::FixExt8 => self.ext(8)?,
             Marker::FixExt16 => self.ext(16)?,
-            Marker::Ext8 => {
-                let n = self.len8()?;
-                self.ext(n)?
-            }
-            Marker::Ext16 => {
-                let n = self.len16()?;
-                self.ext(n)?
-            }
-            Marker::Ext32 => {
-                let n = self.len32()?;
-                self.ext(n)?
-            }
-            Marker::Reserved => {
-                return Err(WireError::at(start, "reserved msgpack marker 0xc1"));
-            }
+            Marker::Ext8 => self.len(1).and_then(|n| self.ext(n))?,
+            Marker::Ext16 => self.len(2).and_then(|n| self.ext(n))?,
+            Marker::Ext32 => self.len(4).and_then(|n| self.ext(n))?,
+            Marker::Reserved => return Err(WireError::at(start, "reserved msgpack marker 0xc1")),
         };
         Ok(item)
     }
 
     fn ext(&mut self, data_len: usize) -> Result<Item<'a>, WireError> {
-        // One type byte, then the data.
         self.take(data_len.saturating_add(1))?;
         Ok(Item::Ext)
     }
@@ -325,34 +285,38 @@ impl<'a> Reader<'a> {
         std::str::from_utf8(bytes).map_err(|_| WireError::at(start, format!("{what}: string is not UTF-8")))
     }
 
+    /// Reads a non-negative integer of any width that fits in u32.
+    pub(crate) fn u32(&mut self, what: &str) -> Result<u32, WireError> {
+        let start = self.pos;
+        let item = self.next()?;
+        u32_at(start, item, what)
+    }
+
     /// Reads a non-negative integer of any width that fits in u32, or nil.
     pub(crate) fn u32_or_nil(&mut self, what: &str) -> Result<Option<u32>, WireError> {
         let start = self.pos;
         match self.next()? {
             Item::Nil => Ok(None),
-            item => item_to_u32(item).map(Some).ok_or_else(|| {
-                WireError::at(start, format!("{what}: expected an integer in 0..=u32::MAX, found {}", describe(item)))
-            }),
+            item => u32_at(start, item, what).map(Some),
         }
     }
 }
 
-/// A non-negative integer item that fits in u32.
-pub(crate) fn item_to_u32(item: Item<'_>) -> Option<u32> {
-    match item {
+/// `item`, read at `start`, as a non-negative integer that fits in u32.
+pub(crate) fn u32_at(start: usize, item: Item<'_>, what: &str) -> Result<u32, WireError> {
+    let value = match item {
         Item::Uint(v) => u32::try_from(v).ok(),
         Item::Int(v) => u32::try_from(v).ok(),
         _ => None,
-    }
-}
-
-/// A short description of an item for error messages: the value for ints.
-pub(crate) fn describe(item: Item<'_>) -> String {
-    match item {
-        Item::Uint(v) => v.to_string(),
-        Item::Int(v) => v.to_string(),
-        other => other.kind().to_string(),
-    }
+    };
+    value.ok_or_else(|| {
+        let found = match item {
+            Item::Uint(v) => v.to_string(),
+            Item::Int(v) => v.to_string(),
+            other => other.kind().to_string(),
+        };
+        WireError::at(start, format!("{what}: expected an integer in 0..=u32::MAX, found {found}"))
+    })
 }
 
 #[cfg(test)]
@@ -433,7 +397,7 @@ mod tests {
             &[0xc9, 0xff, 0xff, 0xff, 0xff, 1],
         ] {
             let err = Reader::new(bytes).next().unwrap_err();
-            assert!(err.offset().is_some(), "{err}");
+            assert!(err.to_string().contains("at byte"), "{err}");
         }
     }
 

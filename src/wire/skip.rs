@@ -7,89 +7,61 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A reason to skip an event (or the tail of a store, from one block on).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum SkipReason {
-    /// A tag other than BlockStored / BlockRemoved / AllBlocksCleared.
-    UnknownEventType,
-    /// A store or remove that names no block.
-    EmptyEvent,
-    /// `locality == "REMOTE"`: the blocks are not on this worker.
-    RemoteLocality,
-    /// A locality other than LOCAL / REMOTE: fail closed.
-    UnknownLocality,
-    /// `ownership == "kvcr"`: blocks owned by a shared cache, not the worker.
-    KvcrOwnership,
-    /// An ownership value this decoder does not know: fail closed.
-    UnknownOwnership,
-    /// A `medium` with no known tier.
-    UnknownMedium,
-    /// A sliding-window, mamba or other non-full-attention cache group.
-    NonMainAttention,
-    /// A cache group other than the one indexed for this worker.
-    OtherKvGroup,
-    /// A lower-tier placeholder (no tokens or block size 0): cannot be placed in a prefix.
-    PlaceholderStore,
-    /// A LoRA id without a name: its local hashes cannot be computed.
-    LoraWithoutName,
-    /// A store whose hashes repeat or contain the parent: it would form a loop.
-    SelfReferencingStore,
-    /// The engine's block size is not a whole multiple of the index's.
-    BlockSizeMismatch,
-    /// `token_ids` does not hold exactly `blocks * block_size` tokens.
-    TokenCountMismatch,
-    /// `extra_keys` carry something not reproducible from tokens; skipped from that block on.
-    OpaqueExtraKeys,
-    /// The per-worker salt table is full; salted stores are skipped until blocks go away.
-    SaltTableFull,
+macro_rules! skip_reasons {
+    ($($(#[$doc:meta])* $name:ident => $label:literal,)*) => {
+        /// A reason to skip an event (or the tail of a store, from one block on).
+        #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+        pub enum SkipReason {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl SkipReason {
+            /// Every reason, in counter order.
+            pub const ALL: [SkipReason; [$(SkipReason::$name),*].len()] = [$(SkipReason::$name),*];
+
+            /// The metric label for this reason.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(SkipReason::$name => $label,)*
+                }
+            }
+        }
+    };
 }
 
-impl SkipReason {
-    /// Every reason, in counter order.
-    pub const ALL: [SkipReason; 16] = [
-        SkipReason::UnknownEventType,
-        SkipReason::EmptyEvent,
-        SkipReason::RemoteLocality,
-        SkipReason::UnknownLocality,
-        SkipReason::KvcrOwnership,
-        SkipReason::UnknownOwnership,
-        SkipReason::UnknownMedium,
-        SkipReason::NonMainAttention,
-        SkipReason::OtherKvGroup,
-        SkipReason::PlaceholderStore,
-        SkipReason::LoraWithoutName,
-        SkipReason::SelfReferencingStore,
-        SkipReason::BlockSizeMismatch,
-        SkipReason::TokenCountMismatch,
-        SkipReason::OpaqueExtraKeys,
-        SkipReason::SaltTableFull,
-    ];
-
-    /// The metric label for this reason.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SkipReason::UnknownEventType => "unknown_event_type",
-            SkipReason::EmptyEvent => "empty_event",
-            SkipReason::RemoteLocality => "remote_locality",
-            SkipReason::UnknownLocality => "unknown_locality",
-            SkipReason::KvcrOwnership => "kvcr_ownership",
-            SkipReason::UnknownOwnership => "unknown_ownership",
-            SkipReason::UnknownMedium => "unknown_medium",
-            SkipReason::NonMainAttention => "non_main_attention",
-            SkipReason::OtherKvGroup => "other_kv_group",
-            SkipReason::PlaceholderStore => "placeholder_store",
-            SkipReason::LoraWithoutName => "lora_without_name",
-            SkipReason::SelfReferencingStore => "self_referencing_store",
-            SkipReason::BlockSizeMismatch => "block_size_mismatch",
-            SkipReason::TokenCountMismatch => "token_count_mismatch",
-            SkipReason::OpaqueExtraKeys => "opaque_extra_keys",
-            SkipReason::SaltTableFull => "salt_table_full",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
+skip_reasons! {
+    /// A tag other than BlockStored / BlockRemoved / AllBlocksCleared.
+    UnknownEventType => "unknown_event_type",
+    /// A store or remove that names no block.
+    EmptyEvent => "empty_event",
+    /// `locality == "REMOTE"`: the blocks are not on this worker.
+    RemoteLocality => "remote_locality",
+    /// A locality other than LOCAL / REMOTE: fail closed.
+    UnknownLocality => "unknown_locality",
+    /// `ownership == "kvcr"`: blocks owned by a shared cache, not the worker.
+    KvcrOwnership => "kvcr_ownership",
+    /// An ownership value this decoder does not know: fail closed.
+    UnknownOwnership => "unknown_ownership",
+    /// A `medium` with no known tier.
+    UnknownMedium => "unknown_medium",
+    /// A sliding-window, mamba or other non-full-attention cache group.
+    NonMainAttention => "non_main_attention",
+    /// A cache group other than the one indexed for this worker.
+    OtherKvGroup => "other_kv_group",
+    /// A lower-tier placeholder (no tokens or block size 0): cannot be placed in a prefix.
+    PlaceholderStore => "placeholder_store",
+    /// A LoRA id without a name: its local hashes cannot be computed.
+    LoraWithoutName => "lora_without_name",
+    /// A store whose hashes repeat or contain the parent: it would form a loop.
+    SelfReferencingStore => "self_referencing_store",
+    /// The engine's block size is not a whole multiple of the index's.
+    BlockSizeMismatch => "block_size_mismatch",
+    /// `token_ids` does not hold exactly `blocks * block_size` tokens.
+    TokenCountMismatch => "token_count_mismatch",
+    /// `extra_keys` carry something not reproducible from tokens; skipped from that block on.
+    OpaqueExtraKeys => "opaque_extra_keys",
+    /// The per-worker salt table is full; salted stores are skipped until blocks go away.
+    SaltTableFull => "salt_table_full",
 }
 
 /// Skipped-event counters, one per [`SkipReason`]; shareable across threads.
@@ -106,12 +78,12 @@ impl SkipCounters {
 
     /// Counts one skipped event.
     pub fn add(&self, reason: SkipReason) {
-        self.counts[reason.index()].fetch_add(1, Ordering::Relaxed);
+        self.counts[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Events skipped for `reason` so far.
     pub fn get(&self, reason: SkipReason) -> u64 {
-        self.counts[reason.index()].load(Ordering::Relaxed)
+        self.counts[reason as usize].load(Ordering::Relaxed)
     }
 
     /// Events skipped for any reason so far.
@@ -145,7 +117,7 @@ mod tests {
         labels.dedup();
         assert_eq!(labels.len(), SkipReason::ALL.len());
         for (i, r) in SkipReason::ALL.iter().enumerate() {
-            assert_eq!(r.index(), i);
+            assert_eq!(*r as usize, i);
         }
     }
 }
