@@ -90,6 +90,7 @@ fn request(ctx: &zmq::Context, endpoint: &str, from: u64, batches_max: usize) ->
     socket.connect(endpoint).map_err(|e| err("connect to", e))?;
     // The pipe exists from connect on, so this queues even before the
     // TCP connection is up; only a full pipe would refuse it.
-    socket.send_multipart(crate::wire::replay_request_frames(from), zmq::DONTWAIT).map_err(|e| err("request to", e))?;
+    // The request: `[b"", from as u64 big-endian]`.
+    socket.send_multipart([&b""[..], &from.to_be_bytes()], zmq::DONTWAIT).map_err(|e| err("request to", e))?;
     Ok(socket)
 }

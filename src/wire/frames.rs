@@ -59,11 +59,6 @@ pub fn split_replay_frames<F: Deref<Target = [u8]>>(frames: &[F]) -> Result<Repl
     Ok(ReplayReply::Batch { seq, payload })
 }
 
-/// The request a DEALER sends to a replay ROUTER: `[b"", start_seq as u64 BE]`.
-pub fn replay_request_frames(start_seq: u64) -> [Vec<u8>; 2] {
-    [Vec::new(), start_seq.to_be_bytes().to_vec()]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +101,5 @@ mod tests {
         assert!(split_replay_frames(&[vec![1], seq.clone(), vec![]]).is_err());
         assert!(split_replay_frames(&[vec![], vec![1, 2], vec![]]).is_err());
         assert!(split_replay_frames(&[vec![], seq]).is_err());
-        assert_eq!(replay_request_frames(2)[1], 2u64.to_be_bytes().to_vec());
     }
 }

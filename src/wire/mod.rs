@@ -32,7 +32,7 @@ pub use decode::{
 };
 pub use error::WireError;
 pub use extra_keys::CACHE_SALT_TAG;
-pub use frames::{replay_request_frames, split_frames, split_replay_frames, ReplayReply, REPLAY_END_SEQ};
+pub use frames::{split_frames, split_replay_frames, ReplayReply, REPLAY_END_SEQ};
 pub use medium::tier_for_medium;
 pub use msgpack::DEPTH_MAX;
 pub use raw::{DecodedBatch, RawEvent, RawRemoved, RawStored};
