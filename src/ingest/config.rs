@@ -91,15 +91,8 @@ impl IngestConfig {
     /// Listener and shard thread counts with the defaults filled in.
     pub(crate) fn thread_counts(&self) -> (usize, usize) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let listeners = match self.listener_threads {
-            0 => (cores / 4).max(1),
-            n => n,
-        };
-        let shards = match self.shard_threads {
-            0 => (cores / 2).max(1),
-            n => n,
-        };
-        (listeners, shards)
+        let or = |n: usize, default: usize| if n == 0 { default.max(1) } else { n };
+        (or(self.listener_threads, cores / 4), or(self.shard_threads, cores / 2))
     }
 
     /// Rejects settings that would make a queue or loop unbounded or useless.

@@ -88,7 +88,7 @@ impl Connection {
             } else {
                 format!("cannot connect to {endpoint}; retrying in {value} ms (is the engine's KV event publisher up?)")
             };
-            self.log.warn(|| format!("listener {}: {error}", shared.label()));
+            self.log.warn(|| format!("listener {}: {error}", shared.label));
             shared.set_error(error);
         } else if event == E::HANDSHAKE_FAILED_PROTOCOL.to_raw()
             || event == E::HANDSHAKE_FAILED_NO_DETAIL.to_raw()

@@ -17,13 +17,6 @@ pub(crate) struct Batch {
     pub events: Result<Vec<RawEvent>, String>,
 }
 
-/// One message from a replay socket.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    Batch(Batch),
-    End,
-}
-
 /// Frames kept by a message with more parts than any valid one; the rest
 /// are read into the last and counted.
 const FRAMES_KEPT_MAX: usize = 4;
@@ -75,11 +68,12 @@ pub(crate) fn decode_live(frames: &Frames) -> Result<Batch, String> {
     Ok(decode_batch(seq, payload))
 }
 
-/// Decodes a replay reply: `[b"", seq, payload]` or `[b"", topic, seq, payload]`.
-pub(crate) fn decode_reply(frames: &Frames) -> Result<Reply, String> {
+/// Decodes a replay reply: `[b"", seq, payload]` or `[b"", topic, seq,
+/// payload]`; None for the end marker.
+pub(crate) fn decode_reply(frames: &Frames) -> Result<Option<Batch>, String> {
     match wire::split_replay_frames(frames.get()?).map_err(|e| e.to_string())? {
-        ReplayReply::End => Ok(Reply::End),
-        ReplayReply::Batch { seq, payload } => Ok(Reply::Batch(decode_batch(seq, payload))),
+        ReplayReply::End => Ok(None),
+        ReplayReply::Batch { seq, payload } => Ok(Some(decode_batch(seq, payload))),
     }
 }
 

@@ -8,12 +8,12 @@
 //! the pipeline's one shard (`Shard`). An idle thread costs nothing: no
 //! timeout, no scan of its sockets.
 //!
-//! Nothing here blocks on one publisher: replay sockets are waited on
-//! together with the epoll set (a wait is bounded by `poll_timeout_ms` only
-//! while a replay runs, for its deadline), and a listener whose replay runs
-//! (or whose ready gate is closed) holds its live batches in a bounded
-//! queue. The only blocking call is the send to a full shard queue, which
-//! is the intended back-pressure.
+//! Nothing here blocks on one publisher: replay sockets are read every
+//! round without waiting (while a replay runs, a wait is bounded by
+//! `poll_timeout_ms`, for its replies and its deadline), and a listener
+//! whose replay runs (or whose ready gate is closed) holds its live batches
+//! in a bounded queue. The only blocking call is the send to a full shard
+//! queue, which is the intended back-pressure.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -27,26 +27,20 @@ use rustc_hash::FxHashMap;
 use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS, REPLAY_RETRIES_MAX};
 use super::connection::Connection;
 use super::counters::Counters;
-use super::decode::{decode_live, decode_reply, Batch, Frames, Reply};
+use super::decode::{decode_live, decode_reply, Batch, Frames};
 use super::log::LogLimiter;
 use super::outbox::Outbox;
 use super::poller::{Doorbell, Poller, BELL};
 use super::replay::ReplayRun;
 use super::sequencer::{Sequencer, Verdict};
 use super::shard::ShardMsg;
-use super::sink::EventSink;
-use super::status::{ListenerId, ListenerShared};
+use super::status::{ListenerId, ListenerShared, ListenerSpec};
 use crate::event::WorkerId;
 
 /// A listener ready to be run: sockets created and connected by the API.
 pub(crate) struct NewListener {
     pub id: ListenerId,
-    /// Instance and registered dp rank.
-    pub worker: WorkerId,
-    pub endpoint: String,
-    pub replay_endpoint: Option<String>,
-    pub block_size: u32,
-    pub sink: Arc<dyn EventSink>,
+    pub spec: ListenerSpec,
     pub sub: zmq::Socket,
     /// PAIR socket receiving the SUB socket's monitor events.
     pub monitor: zmq::Socket,
@@ -108,7 +102,11 @@ impl ThreadCtx {
 
 /// One listener's state on its thread.
 struct Listener {
-    spec: NewListener,
+    id: ListenerId,
+    spec: ListenerSpec,
+    sub: zmq::Socket,
+    monitor: zmq::Socket,
+    shared: Arc<ListenerShared>,
     seq: Sequencer,
     /// Dp ranks this stream has named (the registered one first): the
     /// workers a restart or resync must clear.
@@ -137,12 +135,8 @@ fn token(id: ListenerId, kind: u64) -> u64 {
     id.0 << 2 | kind
 }
 
-/// A thread's listeners, found by id.
-#[derive(Default)]
-struct Listeners {
-    all: Vec<Listener>,
-    by_id: FxHashMap<u64, usize>,
-}
+/// A thread's listeners, by id.
+type Listeners = FxHashMap<u64, Listener>;
 
 /// The listener thread's loop: runs until shutdown.
 pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
@@ -173,10 +167,10 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                 }
             }
             if t.gate_open.load(Ordering::Acquire) {
-                for l in &mut ls.all {
+                for l in ls.values_mut() {
                     l.drain_held(&t);
-                    if l.replay.is_some() && !replaying.contains(&l.spec.id.0) {
-                        replaying.push(l.spec.id.0);
+                    if l.replay.is_some() && !replaying.contains(&l.id.0) {
+                        replaying.push(l.id.0);
                     }
                 }
             }
@@ -186,18 +180,21 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
         }
         t.outbox.borrow_mut().flush();
         ready.clear();
-        let waited = if replaying.is_empty() {
-            poller.wait(if hot.is_empty() { -1 } else { 0 }, &t.bell, &mut ready)
-        } else {
-            wait_with_replies(&t, &mut poller, &ls, &replaying, !hot.is_empty(), &mut ready)
+        // A running replay bounds the wait, for its deadline and its replies.
+        let timeout = match (hot.is_empty(), replaying.is_empty()) {
+            (false, _) => 0,
+            (true, true) => -1,
+            (true, false) => i32::try_from(t.cfg.poll_timeout_ms).unwrap_or(i32::MAX),
         };
-        if let Err(e) = waited {
+        if let Err(e) = poller.wait(timeout, &t.bell, &mut ready) {
             // Nothing was read. Pause so a lasting error cannot spin the thread.
             crate::error!("waiting on engine sockets failed: {e}");
             std::thread::sleep(Duration::from_millis(t.cfg.poll_timeout_ms));
             continue;
         }
         ready.append(&mut hot);
+        // A replay's socket is not in the epoll set: it is read every round.
+        ready.extend(replaying.iter().map(|id| id << 2 | REPLAY));
         ready.sort_unstable();
         ready.dedup();
         for &tok in &ready {
@@ -206,8 +203,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                 continue;
             }
             let id = tok >> 2;
-            let Some(&i) = ls.by_id.get(&id) else { continue };
-            let l = &mut ls.all[i];
+            let Some(l) = ls.get_mut(&id) else { continue };
             let more = match tok & 3 {
                 MONITOR => l.read_monitor(),
                 SUB => l.read_live(&t),
@@ -217,86 +213,62 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                 hot.push(tok);
             }
             if std::mem::take(&mut l.monitor_more) {
-                hot.push(token(l.spec.id, MONITOR));
+                hot.push(token(l.id, MONITOR));
             }
             if l.replay.is_some() && !replaying.contains(&id) {
                 replaying.push(id);
             }
         }
         replaying.retain(|id| {
-            let Some(&i) = ls.by_id.get(id) else { return false };
-            let l = &mut ls.all[i];
+            let Some(l) = ls.get_mut(id) else { return false };
             l.check_replay_deadline(&t);
             l.replay.is_some()
         });
     }
 }
 
-/// Waits on the epoll set and the running replays' sockets together (at
-/// most `poll_timeout_ms`, for their deadlines), then collects what is ready.
-fn wait_with_replies(
-    t: &ThreadCtx,
-    poller: &mut Poller,
-    ls: &Listeners,
-    replaying: &[u64],
-    hot: bool,
-    ready: &mut Vec<u64>,
-) -> std::io::Result<()> {
-    let runs: Vec<(u64, &ReplayRun)> = replaying
-        .iter()
-        .filter_map(|id| ls.by_id.get(id).and_then(|&i| ls.all[i].replay.as_ref()).map(|r| (*id, r)))
-        .collect();
-    let mut items = Vec::with_capacity(runs.len() + 1);
-    items.push(zmq::PollItem::from_fd(poller.as_raw_fd(), zmq::POLLIN));
-    items.extend(runs.iter().map(|(_, r)| r.socket.as_poll_item(zmq::POLLIN)));
-    let timeout = if hot { 0 } else { t.cfg.poll_timeout_ms as i64 };
-    zmq::poll(&mut items, timeout).map_err(std::io::Error::from)?;
-    for ((id, _), item) in runs.iter().zip(&items[1..]) {
-        if item.is_readable() {
-            ready.push(id << 2 | REPLAY);
-        }
-    }
-    poller.wait(0, &t.bell, ready)
-}
-
 fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut Vec<u64>, msg: Control) {
     match msg {
-        Control::Add(spec) => {
-            let id = spec.id;
-            for (socket, kind) in [(&spec.monitor, MONITOR), (&spec.sub, SUB)] {
+        Control::Add(new) => {
+            let NewListener { id, spec, sub, monitor, shared, last_seq, ranks_written } = *new;
+            for (socket, kind) in [(&monitor, MONITOR), (&sub, SUB)] {
                 if let Err(e) = poller.add(socket, token(id, kind)) {
                     crate::error!("listener {id} ({}): cannot watch its socket: {e}", spec.endpoint);
                 }
                 // Whatever arrived before it was watched is read now.
                 hot.push(token(id, kind));
             }
-            let seq = Sequencer::new(spec.last_seq, t.cfg.restart_seq_drop_min);
+            let seq = Sequencer::new(last_seq, t.cfg.restart_seq_drop_min);
             let mut ranks = vec![spec.worker.dp_rank];
             // Deduplicated and bounded by `seed_watermark`.
-            ranks.extend(spec.ranks_written.iter().copied().filter(|&r| r != spec.worker.dp_rank));
-            ls.by_id.insert(id.0, ls.all.len());
-            ls.all.push(Listener {
-                spec: *spec,
-                seq,
-                ranks,
-                held: VecDeque::new(),
-                replay: None,
-                conn: Connection::new(),
-                monitor_more: false,
-                log: LogLimiter::default(),
-                gap_log: LogLimiter::default(),
-            });
+            ranks.extend(ranks_written.into_iter().filter(|&r| r != spec.worker.dp_rank));
+            let (held, replay, conn, log, gap_log) =
+                (VecDeque::new(), None, Connection::new(), LogLimiter::default(), LogLimiter::default());
+            ls.insert(
+                id.0,
+                Listener {
+                    id,
+                    spec,
+                    sub,
+                    monitor,
+                    shared,
+                    seq,
+                    ranks,
+                    held,
+                    replay,
+                    conn,
+                    monitor_more: false,
+                    log,
+                    gap_log,
+                },
+            );
         }
         Control::Remove { id, done } => {
-            let removed = match ls.by_id.remove(&id.0) {
-                Some(i) => {
-                    let l = ls.all.swap_remove(i);
-                    if let Some(moved) = ls.all.get(i) {
-                        ls.by_id.insert(moved.spec.id.0, i);
-                    }
+            let removed = match ls.remove(&id.0) {
+                Some(l) => {
                     // Out of the epoll set before the sockets close.
-                    poller.remove(&l.spec.sub);
-                    poller.remove(&l.spec.monitor);
+                    poller.remove(&l.sub);
+                    poller.remove(&l.monitor);
                     t.held_gauge.fetch_sub(l.held.len() as u64, Ordering::Relaxed);
                     Removed { last_seq: l.seq.last(), ranks: l.ranks }
                 }
@@ -310,7 +282,7 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut 
 impl Listener {
     /// Reads the monitor's events; true if it stopped at the burst cap.
     fn read_monitor(&mut self) -> bool {
-        let read = self.conn.read(&self.spec.monitor, &self.spec.endpoint, &self.spec.shared);
+        let read = self.conn.read(&self.monitor, &self.spec.endpoint, &self.shared);
         if read.reconnected {
             self.seq.note_connected();
         }
@@ -322,7 +294,7 @@ impl Listener {
         for _ in 0..RECV_BURST_MAX {
             let decoded = {
                 let mut frames = t.frames.borrow_mut();
-                if !frames.recv(&self.spec.sub) {
+                if !frames.recv(&self.sub) {
                     return false;
                 }
                 decode_live(&frames)
@@ -330,14 +302,13 @@ impl Listener {
             match decoded {
                 Ok(batch) => {
                     t.bump(&t.counters.batches_received, 1);
-                    self.spec.shared.count_received();
+                    self.shared.batches_received.fetch_add(1, Ordering::Relaxed);
                     self.note_undecodable(t, &batch);
                     self.on_live(t, batch);
                 }
                 Err(e) => {
                     t.bump(&t.counters.malformed_messages, 1);
-                    let endpoint = &self.spec.endpoint;
-                    self.log.warn(|| format!("dropped a malformed message from {endpoint}: {e}"));
+                    self.log.warn(|| format!("dropped a malformed message from {}: {e}", self.spec.endpoint));
                 }
             }
         }
@@ -347,8 +318,7 @@ impl Listener {
     fn note_undecodable(&mut self, t: &ThreadCtx, batch: &Batch) {
         if let Err(e) = &batch.events {
             t.bump(&t.counters.undecodable_batches, 1);
-            let (endpoint, seq) = (&self.spec.endpoint, batch.seq);
-            self.log.warn(|| format!("batch {seq} from {endpoint} does not decode: {e}"));
+            self.log.warn(|| format!("batch {} from {} does not decode: {e}", batch.seq, self.spec.endpoint));
         }
     }
 
@@ -409,37 +379,33 @@ impl Listener {
                     self.log.debug(|| format!("dropped batch {seq} from {endpoint}: already applied"));
                     return;
                 }
-                Verdict::Restart => {
-                    t.bump(&t.counters.restarts, 1);
-                    let (endpoint, last) = (&self.spec.endpoint, seq_text(self.seq.last()));
-                    let seq = batch.seq;
-                    self.log.warn(|| {
-                        format!("publisher {endpoint} restarted (seq {seq} after {last}); clearing its workers")
-                    });
+                verdict @ (Verdict::Restart | Verdict::Rejoin) => {
+                    let (endpoint, seq, last) = (&self.spec.endpoint, batch.seq, seq_text(self.seq.last()));
+                    if verdict == Verdict::Restart {
+                        t.bump(&t.counters.restarts, 1);
+                        self.log.warn(|| {
+                            format!("publisher {endpoint} restarted (seq {seq} after {last}); clearing its workers")
+                        });
+                    } else {
+                        t.bump(&t.counters.gaps_detected, 1);
+                        t.bump(&t.counters.resyncs, 1);
+                        self.log.warn(|| {
+                            format!(
+                                "reconnected to {endpoint} with batches missing (seq {seq} after {last}); \
+                                 it may be a new process: clearing its workers and replaying from 0"
+                            )
+                        });
+                    }
                     self.clear_workers(t);
                     self.seq.reset();
-                    self.spec.shared.set_last_seq(None);
-                }
-                Verdict::Rejoin => {
-                    t.bump(&t.counters.gaps_detected, 1);
-                    t.bump(&t.counters.resyncs, 1);
-                    let (endpoint, last) = (&self.spec.endpoint, seq_text(self.seq.last()));
-                    let seq = batch.seq;
-                    self.log.warn(|| {
-                        format!(
-                            "reconnected to {endpoint} with batches missing (seq {seq} after {last}); \
-                             it may be a new process: clearing its workers and replaying from 0"
-                        )
-                    });
-                    self.clear_workers(t);
-                    self.seq.reset();
-                    self.spec.shared.set_last_seq(None);
+                    self.shared.set_last_seq(None);
                 }
                 Verdict::Gap { from, to, fresh } => {
                     if !fresh {
                         t.bump(&t.counters.gaps_detected, 1);
-                        let endpoint = &self.spec.endpoint;
-                        self.log.debug(|| format!("gap in the stream of {endpoint}: batches {from}..{to} missing"));
+                        self.log.debug(|| {
+                            format!("gap in the stream of {}: batches {from}..{to} missing", self.spec.endpoint)
+                        });
                     }
                     if self.start_replay(t, from, to) {
                         // The trigger is older than anything held: it goes first.
@@ -469,7 +435,7 @@ impl Listener {
             Err(e) => {
                 t.bump(&t.counters.replays_started, 1);
                 t.bump(&t.counters.replays_failed, 1);
-                self.spec.shared.set_error(e.clone());
+                self.shared.set_error(e.clone());
                 self.log.warn(|| e);
                 false
             }
@@ -488,8 +454,9 @@ impl Listener {
         } else {
             t.bump(&t.counters.batches_lost, missing);
             t.bump(&t.counters.resyncs, 1);
-            let endpoint = &self.spec.endpoint;
-            self.gap_log.warn(|| format!("lost batches {from}..{to} from {endpoint}; clearing its workers to resync"));
+            self.gap_log.warn(|| {
+                format!("lost batches {from}..{to} from {}; clearing its workers to resync", self.spec.endpoint)
+            });
             self.clear_workers(t);
         }
         self.seq.accept(to - 1);
@@ -502,12 +469,9 @@ impl Listener {
             Ok(events) if self.track_rank(t, rank) => events,
             _ => {
                 // Nothing usable in this batch: it counts as lost.
-                if self.seq.last().is_some() {
-                    self.give_up(t, seq, seq + 1, false);
-                } else {
-                    self.give_up(t, seq, seq + 1, true);
-                }
-                self.spec.shared.set_last_seq(self.seq.last());
+                let fresh = self.seq.last().is_none();
+                self.give_up(t, seq, seq + 1, fresh);
+                self.shared.set_last_seq(self.seq.last());
                 return;
             }
         };
@@ -518,7 +482,7 @@ impl Listener {
             return;
         }
         self.seq.accept(seq);
-        self.spec.shared.set_last_seq(Some(seq));
+        self.shared.set_last_seq(Some(seq));
     }
 
     /// Records `rank` as one this stream writes to; false past the limit.
@@ -560,11 +524,11 @@ impl Listener {
             run.last_reply = Instant::now();
             let over_budget = run.replies >= t.cfg.replay_batches_max;
             match decoded {
-                Ok(Reply::End) => {
+                Ok(None) => {
                     self.replay_ended(t);
                     return false;
                 }
-                Ok(Reply::Batch(batch)) => self.on_replayed(t, batch),
+                Ok(Some(batch)) => self.on_replayed(t, batch),
                 Err(e) => {
                     t.bump(&t.counters.malformed_messages, 1);
                     let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or("");
@@ -589,10 +553,7 @@ impl Listener {
         }
         self.note_undecodable(t, &batch);
         match self.seq.judge_replayed(batch.seq) {
-            Verdict::Apply => {
-                self.apply(t, batch);
-                self.count_replayed(1);
-            }
+            Verdict::Apply => {}
             Verdict::Gap { from, fresh, .. } => {
                 // Lost in transit (asked again), or the buffer no longer
                 // holds `from..seq`.
@@ -603,21 +564,19 @@ impl Listener {
                     run.missing += batch.seq - from;
                 }
                 self.give_up(t, from, batch.seq, fresh);
-                self.apply(t, batch);
-                self.count_replayed(1);
             }
             Verdict::Duplicate | Verdict::Restart | Verdict::Rejoin => {
-                t.bump(&t.counters.duplicates_dropped, 1);
+                // The watermark did not move, so the replay cannot have
+                // reached its end here.
+                return t.bump(&t.counters.duplicates_dropped, 1);
             }
+        }
+        self.apply(t, batch);
+        if let Some(run) = self.replay.as_mut() {
+            run.applied += 1;
         }
         if self.seq.last() == Some(to - 1) {
             self.finish_replay(t);
-        }
-    }
-
-    fn count_replayed(&mut self, n: u64) {
-        if let Some(run) = self.replay.as_mut() {
-            run.applied += n;
         }
     }
 
@@ -626,10 +585,8 @@ impl Listener {
             return;
         };
         if Instant::now() >= run.deadline {
-            let endpoint = self.spec.replay_endpoint.clone().unwrap_or_default();
-            self.spec
-                .shared
-                .set_error(format!("replay from {endpoint} timed out after {} ms", t.cfg.replay_timeout_ms));
+            let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or_default();
+            self.shared.set_error(format!("replay from {endpoint} timed out after {} ms", t.cfg.replay_timeout_ms));
             self.finish_replay(t);
         } else if run.progressed() && run.last_reply.elapsed() >= Duration::from_millis(REPLAY_IDLE_MS) {
             // Replies flowed, then stopped short: the rest was dropped.
@@ -702,7 +659,7 @@ impl Listener {
                 )
             });
         }
-        self.spec.shared.set_last_seq(self.seq.last());
+        self.shared.set_last_seq(self.seq.last());
         if t.gate_open.load(Ordering::Acquire) {
             self.drain_held(t);
         }

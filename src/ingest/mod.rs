@@ -103,6 +103,6 @@ mod status;
 
 pub use config::{IngestConfig, BLOCK_SIZE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, LISTENERS_MAX};
 pub use counters::IngestCounters;
-pub use service::{Ingest, IngestError, ListenerSpec};
+pub use service::{Ingest, IngestError};
 pub use sink::EventSink;
-pub use status::{ListenerId, ListenerInfo, ListenerStatus};
+pub use status::{ListenerId, ListenerInfo, ListenerSpec, ListenerStatus};

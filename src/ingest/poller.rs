@@ -94,12 +94,6 @@ impl Poller {
         }
     }
 
-    /// The epoll set's own descriptor (readable when something is ready),
-    /// for waiting on it together with other sockets.
-    pub(crate) fn as_raw_fd(&self) -> RawFd {
-        self.epoll.as_raw_fd()
-    }
-
     /// Waits up to `timeout_ms` (-1: no limit, 0: not at all) and appends
     /// the tokens of what is ready to `ready`. A rung bell is cleared and
     /// reported as `BELL`. EINTR counts as nothing ready.

@@ -25,7 +25,7 @@ use super::outbox::{queue_len, Outbox};
 use super::poller::Doorbell;
 use super::shard::{run_shard, shard_for, Shard, ShardMsg};
 use super::sink::EventSink;
-use super::status::{ListenerId, ListenerInfo, ListenerShared};
+use super::status::{ListenerId, ListenerInfo, ListenerShared, ListenerSpec};
 use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::WorkerId;
 use crate::wire::SkipCounters;
@@ -33,32 +33,6 @@ use crate::wire::SkipCounters;
 /// Most watermarks kept for removed listeners. Past it an arbitrary one is
 /// forgotten, which only means that key's next registration starts fresh.
 const WATERMARKS_KEPT_MAX: usize = 65_536;
-
-/// What `add_listener` needs to subscribe to one publisher.
-#[derive(Clone)]
-pub struct ListenerSpec {
-    /// Instance and registered dp rank (a rank inside a batch overrides it).
-    pub worker: WorkerId,
-    /// The engine's ZMQ PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
-    pub endpoint: String,
-    /// The engine's ZMQ ROUTER replay endpoint, if it has one.
-    pub replay_endpoint: Option<String>,
-    /// Tokens per block of the index this worker feeds.
-    pub block_size: u32,
-    /// The (model, tenant) index the events go to.
-    pub sink: Arc<dyn EventSink>,
-}
-
-impl fmt::Debug for ListenerSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ListenerSpec")
-            .field("worker", &self.worker)
-            .field("endpoint", &self.endpoint)
-            .field("replay_endpoint", &self.replay_endpoint)
-            .field("block_size", &self.block_size)
-            .finish_non_exhaustive()
-    }
-}
 
 /// Why an ingest call failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,10 +87,7 @@ impl std::error::Error for IngestError {}
 
 /// A running listener as the registry knows it.
 struct ListenerEntry {
-    worker: WorkerId,
-    endpoint: String,
-    replay_endpoint: Option<String>,
-    block_size: u32,
+    spec: ListenerSpec,
     shared: Arc<ListenerShared>,
     thread: usize,
 }
@@ -173,6 +144,19 @@ fn pin(core: Option<core_affinity::CoreId>) {
     }
 }
 
+/// Starts a pipeline thread named `name`, pinned to `core` if given.
+fn spawn(
+    name: String,
+    core: Option<core_affinity::CoreId>,
+    run: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, IngestError> {
+    let body = move || {
+        pin(core);
+        run()
+    };
+    std::thread::Builder::new().name(name).spawn(body).map_err(|e| IngestError::Resource(e.to_string()))
+}
+
 impl Ingest {
     /// Starts the listener and shard threads.
     pub fn start(cfg: IngestConfig) -> Result<Ingest, IngestError> {
@@ -188,23 +172,16 @@ impl Ingest {
         let core_for = |i: usize| (!cores.is_empty()).then(|| cores[i % cores.len()]);
 
         let mut threads = Vec::new();
-        let mut shards = Vec::new();
-        let mut receivers = Vec::new();
         let spawn_err = |e: std::io::Error| IngestError::Resource(e.to_string());
-        for _ in 0..shard_count {
-            let (tx, rx) = bounded(queue_len(cfg.shard_queue_batches));
-            shards.push(tx);
-            receivers.push(rx);
-        }
+        let (shards, receivers): (Vec<_>, Vec<_>) =
+            (0..shard_count).map(|_| bounded(queue_len(cfg.shard_queue_batches))).unzip();
         // One listener thread and one shard: the listener thread runs the
         // shard itself (on one core, handing each batch to another thread
         // cost a third of ingest CPU), and the API's messages to it ring
         // its bell.
         let inline = listener_count == 1 && shard_count == 1;
-        let mut bells = Vec::new();
-        for _ in 0..listener_count {
-            bells.push(Arc::new(Doorbell::new().map_err(|e| IngestError::Resource(e.to_string()))?));
-        }
+        let bells: Vec<_> =
+            (0..listener_count).map(|_| Doorbell::new().map(Arc::new)).collect::<Result<_, _>>().map_err(spawn_err)?;
         let mut local = None;
         for (j, rx) in receivers.into_iter().enumerate() {
             let shard = Shard::new(skips.clone(), counters.clone());
@@ -213,15 +190,9 @@ impl Ingest {
                 continue;
             }
             let shutdown = shutdown.clone();
-            let core = core_for(listener_count + j);
-            let handle = std::thread::Builder::new()
-                .name(format!("kvi-shard-{j}"))
-                .spawn(move || {
-                    pin(core);
-                    run_shard(rx, shard, shutdown)
-                })
-                .map_err(spawn_err)?;
-            threads.push(handle);
+            threads.push(spawn(format!("kvi-shard-{j}"), core_for(listener_count + j), move || {
+                run_shard(rx, shard, shutdown)
+            })?);
         }
         let mut listener_txs = Vec::new();
         for (i, bell) in bells.iter().enumerate() {
@@ -238,15 +209,7 @@ impl Ingest {
                 gate_open: gate_open.clone(),
                 shutdown: shutdown.clone(),
             };
-            let core = core_for(i);
-            let handle = std::thread::Builder::new()
-                .name(format!("kvi-listen-{i}"))
-                .spawn(move || {
-                    pin(core);
-                    run_listener_thread(t, rx)
-                })
-                .map_err(spawn_err)?;
-            threads.push(handle);
+            threads.push(spawn(format!("kvi-listen-{i}"), core_for(i), move || run_listener_thread(t, rx))?);
         }
         let registry = Registry { thread_load: vec![0; listener_count], ..Registry::default() };
         Ok(Ingest {
@@ -296,38 +259,17 @@ impl Ingest {
         let label = format!("instance {} dp_rank {} ({})", spec.worker.instance_id, spec.worker.dp_rank, spec.endpoint);
         let shared = Arc::new(ListenerShared::new(label, last_seq));
         let thread = (0..reg.thread_load.len()).min_by_key(|&i| reg.thread_load[i]).unwrap_or(0);
-        let new = NewListener {
-            id,
-            worker: spec.worker,
-            endpoint: spec.endpoint.clone(),
-            replay_endpoint: spec.replay_endpoint.clone(),
-            block_size: spec.block_size,
-            sink: spec.sink,
-            sub,
-            monitor,
-            shared: Arc::clone(&shared),
-            last_seq,
-            ranks_written,
-        };
+        let entry = ListenerEntry { spec: spec.clone(), shared: Arc::clone(&shared), thread };
+        let new = NewListener { id, spec, sub, monitor, shared, last_seq, ranks_written };
         self.listener_txs[thread]
             .send_timeout(Control::Add(Box::new(new)), Duration::from_millis(CONTROL_TIMEOUT_MS))
             .map_err(|_| IngestError::Timeout("adding a listener"))?;
         self.bells[thread].ring();
         reg.thread_load[thread] += 1;
-        reg.watermarks.remove(&spec.worker);
-        reg.seeded_ranks.remove(&spec.worker);
-        reg.by_worker.insert(spec.worker, id);
-        reg.listeners.insert(
-            id,
-            ListenerEntry {
-                worker: spec.worker,
-                endpoint: spec.endpoint,
-                replay_endpoint: spec.replay_endpoint,
-                block_size: spec.block_size,
-                shared,
-                thread,
-            },
-        );
+        reg.watermarks.remove(&entry.spec.worker);
+        reg.seeded_ranks.remove(&entry.spec.worker);
+        reg.by_worker.insert(entry.spec.worker, id);
+        reg.listeners.insert(id, entry);
         Ok(id)
     }
 
@@ -348,7 +290,7 @@ impl Ingest {
                 done_rx.recv_timeout(timeout).ok()
             });
         let mut reg = self.registry.lock();
-        reg.by_worker.remove(&entry.worker);
+        reg.by_worker.remove(&entry.spec.worker);
         reg.thread_load[entry.thread] -= 1;
         let Some(removed) = outcome else {
             return Err(IngestError::Timeout("removing a listener"));
@@ -359,7 +301,7 @@ impl Ingest {
                     reg.watermarks.remove(&old);
                 }
             }
-            reg.watermarks.insert(entry.worker, last);
+            reg.watermarks.insert(entry.spec.worker, last);
         }
         Ok(removed.ranks)
     }
@@ -394,7 +336,7 @@ impl Ingest {
     /// has one, by key. A snapshot pairs these with the index state.
     pub fn watermarks(&self) -> Vec<(WorkerId, u64)> {
         let reg = self.registry.lock();
-        reg.listeners.values().filter_map(|e| e.shared.last_seq().map(|s| (e.worker, s))).collect()
+        reg.listeners.values().filter_map(|e| e.shared.last_seq().map(|s| (e.spec.worker, s))).collect()
     }
 
     /// Removes `worker` from `sink` through its shard, after every batch of
@@ -572,13 +514,13 @@ fn check_spec(spec: &ListenerSpec) -> Result<(), IngestError> {
 fn info(id: ListenerId, e: &ListenerEntry, gate_open: bool) -> ListenerInfo {
     ListenerInfo {
         id,
-        worker: e.worker,
-        endpoint: e.endpoint.clone(),
-        replay_endpoint: e.replay_endpoint.clone(),
-        block_size: e.block_size,
+        worker: e.spec.worker,
+        endpoint: e.spec.endpoint.clone(),
+        replay_endpoint: e.spec.replay_endpoint.clone(),
+        block_size: e.spec.block_size,
         status: e.shared.status(gate_open),
         last_error: e.shared.last_error(),
         last_seq: e.shared.last_seq(),
-        batches_received: e.shared.batches_received(),
+        batches_received: e.shared.batches_received.load(Ordering::Relaxed),
     }
 }

@@ -62,18 +62,12 @@ pub(crate) fn send_blocking(tx: &Sender<ShardMsg>, mut msg: ShardMsg, shutdown: 
     }
 }
 
-/// A worker's converter and the block size it was made for.
-struct WorkerState {
-    block_size: u32,
-    converter: WorkerConverter,
-}
-
 /// One shard's state: its workers' converters. Run by a thread of its own
 /// (`run_shard`) or, when the pipeline has one listener thread and one
 /// shard, by that listener thread (`Outbox::Local`), which then applies
 /// each batch where it decoded it: no queue, no second thread to wake.
 pub(crate) struct Shard {
-    workers: FxHashMap<WorkerId, WorkerState>,
+    workers: FxHashMap<WorkerId, WorkerConverter>,
     out: Vec<Event>,
     skips: Arc<SkipCounters>,
     counters: Arc<Counters>,
@@ -88,24 +82,21 @@ impl Shard {
     pub(crate) fn handle(&mut self, msg: ShardMsg) {
         match msg {
             ShardMsg::Batch { worker, block_size, sink, events } => {
-                let state = self
-                    .workers
-                    .entry(worker)
-                    .or_insert_with(|| WorkerState { block_size, converter: WorkerConverter::new(block_size) });
-                if state.block_size != block_size {
+                let converter = self.workers.entry(worker).or_insert_with(|| WorkerConverter::new(block_size));
+                if converter.block_size() != block_size {
                     // Re-registered with another block size: earlier parents
                     // were cut at the old size and cannot be continued.
-                    *state = WorkerState { block_size, converter: WorkerConverter::new(block_size) };
+                    *converter = WorkerConverter::new(block_size);
                 }
                 self.out.clear();
-                state.converter.convert(worker, &events, &mut self.out, &self.skips);
+                converter.convert(worker, &events, &mut self.out, &self.skips);
                 sink.apply_all(&self.out);
                 self.counters.batches_applied.fetch_add(1, Ordering::Relaxed);
                 self.counters.events_applied.fetch_add(self.out.len() as u64, Ordering::Relaxed);
             }
             ShardMsg::Clear { worker, sink } => {
-                if let Some(state) = self.workers.get_mut(&worker) {
-                    state.converter.reset();
+                if let Some(converter) = self.workers.get_mut(&worker) {
+                    converter.reset();
                 }
                 sink.apply(&Event::cleared(worker));
             }

@@ -3,11 +3,28 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::config::LAST_ERROR_LEN_MAX;
+use super::sink::EventSink;
 use crate::event::WorkerId;
+
+/// What `add_listener` needs to subscribe to one publisher.
+#[derive(Clone)]
+pub struct ListenerSpec {
+    /// Instance and registered dp rank (a rank inside a batch overrides it).
+    pub worker: WorkerId,
+    /// The engine's ZMQ PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
+    pub endpoint: String,
+    /// The engine's ZMQ ROUTER replay endpoint, if it has one.
+    pub replay_endpoint: Option<String>,
+    /// Tokens per block of the index this worker feeds.
+    pub block_size: u32,
+    /// The (model, tenant) index the events go to.
+    pub sink: Arc<dyn EventSink>,
+}
 
 /// Opaque id of one listener, unique within an `Ingest`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,11 +86,12 @@ const NO_SEQ: u64 = u64::MAX;
 #[derive(Debug)]
 pub(crate) struct ListenerShared {
     /// Names the listener in log lines: instance, rank and endpoint.
-    label: String,
+    pub label: String,
     connected: AtomicBool,
     failed: AtomicBool,
     last_seq: AtomicU64,
-    batches_received: AtomicU64,
+    /// Batches received on this listener.
+    pub batches_received: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -116,11 +134,6 @@ impl ListenerShared {
         }
     }
 
-    /// The listener's name in log lines.
-    pub(crate) fn label(&self) -> &str {
-        &self.label
-    }
-
     pub(crate) fn set_failed(&self, error: String) {
         if !self.failed.swap(true, Ordering::Relaxed) {
             crate::warn!("listener {}: failed: {error}", self.label);
@@ -153,13 +166,5 @@ impl ListenerShared {
 
     pub(crate) fn last_seq(&self) -> Option<u64> {
         Some(self.last_seq.load(Ordering::Relaxed)).filter(|&s| s != NO_SEQ)
-    }
-
-    pub(crate) fn count_received(&self) {
-        self.batches_received.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn batches_received(&self) -> u64 {
-        self.batches_received.load(Ordering::Relaxed)
     }
 }
