@@ -32,6 +32,8 @@ pub struct Config {
     pub workers: Vec<RegisterArgs>,
     pub peers: Vec<String>,
     pub replay_timeout_ms: u64,
+    /// How long a listener thread lets engine messages gather after a wake-up.
+    pub ingest_coalesce_us: u64,
     /// Positions per jump of the index search; 0: the index's default.
     pub jump: usize,
     /// Readiness waits until this many workers are registered.
@@ -75,6 +77,7 @@ impl Default for Config {
             workers: Vec::new(),
             peers: Vec::new(),
             replay_timeout_ms: 2_000,
+            ingest_coalesce_us: crate::ingest::COALESCE_US_DEFAULT,
             jump: 0,
             min_initial_workers: 0,
             slow_joiner_ms: 1_000,
@@ -136,6 +139,9 @@ OPTIONS:
   --workers LIST           instance[:dp_rank]=zmq_endpoint, comma separated
   --peers LIST             peer indexer URLs to recover state from at startup
   --replay-timeout-ms N    deadline of one gap replay (default 2000)
+  --ingest-coalesce-us N   after reading engine messages, let more gather for N us before
+                           looking again: fewer wake-ups, events applied up to N us later
+                           (default 5000; 0: at once; at most 100000)
   --body-limit-bytes N     largest request body (default 16777216)
   --jump N                 positions per jump of the index search (default 32)
   --min-initial-workers N  /health answers 503 until N workers are registered
@@ -300,6 +306,9 @@ fn set(
         "--workers" => *workers = Some(value()?),
         "--peers" => cfg.peers = parse_peers(&value()?)?,
         "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(name, &value()?, 1, 600_000)?,
+        "--ingest-coalesce-us" => {
+            cfg.ingest_coalesce_us = parse_num(name, &value()?, 0, crate::ingest::COALESCE_US_MAX)?
+        }
         "--body-limit-bytes" => cfg.http.body_limit_bytes = parse_num(name, &value()?, 1024, 1 << 30)?,
         "--jump" => cfg.jump = parse_num(name, &value()?, 1, 4096)?,
         "--min-initial-workers" => cfg.min_initial_workers = parse_num(name, &value()?, 0, 1_000_000)?,

@@ -60,6 +60,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         shard_threads: cfg.writer_threads,
         pin_threads: cfg.pin_threads,
         replay_timeout_ms: cfg.replay_timeout_ms,
+        coalesce: std::time::Duration::from_micros(cfg.ingest_coalesce_us),
         ready_gate_open: !recovering,
         ..IngestConfig::default()
     };

@@ -83,3 +83,39 @@ fn the_api_reaches_a_shard_the_listener_thread_runs() {
     assert!(wait_until(|| sink.tiers_or_empty(*kept) == *publisher.truth()));
     ingest.shutdown();
 }
+
+#[test]
+fn a_long_coalescing_window_keeps_order_and_loses_nothing() {
+    use std::time::Duration;
+    let worker = WorkerId::new(50, 0);
+    // Far longer than the default, so messages pile up in ZMQ's pipes
+    // between reads, gaps and the restart included.
+    let cfg = IngestConfig { coalesce: Duration::from_millis(50), ..inline_config() };
+    let ingest = Ingest::start(cfg).unwrap();
+    let mut publisher = TestPublisher::new(PublisherConfig::default());
+    let sink = Arc::new(ModelSink::new());
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(publisher.wait_subscribed(1));
+    for _ in 0..4 {
+        publisher.publish_random(25);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    publisher.lose_next(3);
+    publisher.publish_random(20);
+    settle(&ingest, worker, &publisher);
+    assert_converges(&sink, worker, &publisher);
+    publisher.restart(false);
+    publisher.publish_random(40);
+    settle(&ingest, worker, &publisher);
+    assert_converges(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert_eq!((c.restarts, c.replays_ok, c.resyncs, c.batches_lost), (1, 1, 0, 0));
+    assert_eq!(c.held_dropped, 0);
+}
+
+#[test]
+fn a_coalescing_window_past_its_limit_is_refused() {
+    let cfg = IngestConfig { coalesce: std::time::Duration::from_millis(101), ..inline_config() };
+    let err = Ingest::start(cfg).err().expect("refused");
+    assert!(err.to_string().contains("coalesce must be at most 100 ms"), "{err}");
+}

@@ -1,5 +1,7 @@
 //! Ingest settings and the fixed limits that bound every queue and buffer.
 
+use std::time::Duration;
+
 /// Most listeners one `Ingest` accepts (one per (instance, dp_rank)).
 pub const LISTENERS_MAX: usize = 16_384;
 /// Most distinct dp ranks one listener's batches may name (a batch's rank
@@ -28,6 +30,11 @@ pub const CONNECT_LOG_INTERVAL_MS: u64 = 30_000;
 /// Longest `last_error` kept per listener, in bytes.
 pub const LAST_ERROR_LEN_MAX: usize = 512;
 
+/// Default of `IngestConfig::coalesce`, in microseconds.
+pub const COALESCE_US_DEFAULT: u64 = 5_000;
+/// Largest `IngestConfig::coalesce` accepted, in microseconds.
+pub const COALESCE_US_MAX: u64 = 100_000;
+
 /// How the ingest pipeline runs. `0` in a count means "pick from the core count".
 #[derive(Clone, Debug)]
 pub struct IngestConfig {
@@ -43,6 +50,11 @@ pub struct IngestConfig {
     /// Longest wait of a listener thread while one of its replays runs (for
     /// its deadline); otherwise it waits until a socket is ready.
     pub poll_timeout_ms: u64,
+    /// After a wake-up that read a socket, how long a listener thread lets
+    /// messages gather before it looks again: fewer wake-ups for ZMQ and
+    /// for us, at the price of applying a message up to this much later.
+    /// Zero: look again at once.
+    pub coalesce: Duration,
     /// Deadline of one replay request, from send to end marker.
     pub replay_timeout_ms: u64,
     /// Most replies taken from one replay (the engine's default buffer holds 10,000).
@@ -74,6 +86,7 @@ impl Default for IngestConfig {
             pin_threads: true,
             shard_queue_batches: 4_096,
             poll_timeout_ms: 10,
+            coalesce: Duration::from_micros(COALESCE_US_DEFAULT),
             replay_timeout_ms: 2_000,
             replay_batches_max: 16_384,
             held_batches_max: 16_384,
@@ -97,7 +110,8 @@ impl IngestConfig {
 
     /// Rejects settings that would make a queue or loop unbounded or useless.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 7] = [
+        let checks: [(bool, &str); 8] = [
+            (self.coalesce.as_micros() <= u128::from(COALESCE_US_MAX), "coalesce must be at most 100 ms"),
             (self.shard_queue_batches > 0, "shard_queue_batches must be at least 1"),
             (self.poll_timeout_ms > 0, "poll_timeout_ms must be at least 1"),
             (self.replay_timeout_ms > 0, "replay_timeout_ms must be at least 1"),

@@ -101,7 +101,10 @@ mod shard;
 mod sink;
 mod status;
 
-pub use config::{IngestConfig, BLOCK_SIZE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, LISTENERS_MAX};
+pub use config::{
+    IngestConfig, BLOCK_SIZE_MAX, COALESCE_US_DEFAULT, COALESCE_US_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX,
+    LISTENERS_MAX,
+};
 pub use counters::IngestCounters;
 pub use service::{Ingest, IngestError};
 pub use sink::EventSink;
