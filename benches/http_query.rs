@@ -24,9 +24,14 @@
 //! The client is one thread polling all connections; its own CPU per query
 //! is shown separately.
 //!
+//! With `--ingest-only --together` both servers run at once, fed by the
+//! same engines, and each window reads both servers' CPU: load from other
+//! jobs on the machine then falls on both alike, so their ratio is steadier
+//! than across windows taken one server after the other.
+//!
 //! Run: `cargo bench --bench http_query -- [--dynamo PATH/dynamo-indexer]
 //! [--secs 3] [--repeats 3] [--clients 1,8,64] [--ingest-rate 32000]
-//! [--only trace|synthetic] [--ingest-only] [--json PATH] [--trace PATH]`, or against a running server:
+//! [--only trace|synthetic] [--ingest-only [--together]] [--json PATH] [--trace PATH]`, or against a running server:
 //! `--url http://127.0.0.1:8090 [--pid PID]` (its engines are registered
 //! over `/register` like ours). Build Dynamo's with
 //! `cargo build --release --manifest-path benches/dynamo-service/Cargo.toml`.
@@ -73,6 +78,9 @@ struct Options {
     only: Option<String>,
     /// Skip the query cells: only the idle and ingest-only rows.
     ingest_only: bool,
+    /// With `--ingest-only`: run both servers at once on the same engines,
+    /// each window read on both, so other load on the machine hits both.
+    together: bool,
     json: String,
     trace: String,
     server_core: usize,
@@ -93,6 +101,7 @@ fn parse_options() -> Result<Options, String> {
         ingest_rate: 32_000.0,
         only: None,
         ingest_only: false,
+        together: false,
         json: format!("{target}/http_query.json"),
         trace: concat!(env!("CARGO_MANIFEST_DIR"), "/benches/data/sample_trace.jsonl").to_string(),
         server_core: 1,
@@ -104,8 +113,9 @@ fn parse_options() -> Result<Options, String> {
         if flag == "--bench" {
             continue;
         }
-        if flag == "--ingest-only" {
-            o.ingest_only = true;
+        if flag == "--ingest-only" || flag == "--together" {
+            o.ingest_only |= flag == "--ingest-only";
+            o.together |= flag == "--together";
             continue;
         }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -138,6 +148,9 @@ fn parse_options() -> Result<Options, String> {
     }
     if o.only.as_deref().is_some_and(|w| w != "trace" && w != "synthetic") {
         return Err("--only takes trace or synthetic".into());
+    }
+    if o.together && (!o.ingest_only || o.dynamo.is_none() || o.url.is_some()) {
+        return Err("--together takes --ingest-only and --dynamo, not --url".into());
     }
     if o.secs <= 0.0 || o.repeats == 0 || o.clients.is_empty() || o.clients.iter().any(|&c| c == 0 || c > 1024) {
         return Err("--secs, --repeats and --clients (1..=1024 each) must be positive".into());
@@ -291,30 +304,31 @@ fn prepare(
 }
 
 /// Measures every cell of one repeat on `target`.
-/// Streams the churn alone at `--ingest-rate` and reads the server's CPU
+/// Streams the churn alone at `--ingest-rate` and reads each server's CPU
 /// over the window, per block published in it.
 fn measure_ingest_only(
-    server: &Server,
+    servers: &[&Server],
     wl: &Workload,
     engines: &mut [Engine],
     generation: &mut u64,
     o: &Options,
     repeat: usize,
-) -> Result<IngestOnly, String> {
+) -> Result<Vec<IngestOnly>, String> {
     let mut churn = Churn::new(7 + repeat as u64 * 1_000);
     let step_every = Duration::from_secs_f64(CHURN_STEP_BLOCKS / o.ingest_rate);
     let started = Instant::now();
     let window_start = started + Duration::from_secs_f64(o.warmup_secs);
     let window_end = window_start + Duration::from_secs_f64(o.secs);
+    let cpu_times = || servers.iter().map(|s| s.cpu_time()).collect::<Vec<_>>();
     let mut due = started;
     let mut at_start = None;
     let at_end = loop {
         let now = Instant::now();
         if at_start.is_none() && now >= window_start {
-            at_start = Some((now, server.cpu_time(), churn.blocks_published));
+            at_start = Some((now, cpu_times(), churn.blocks_published));
         }
         if now >= window_end {
-            break (now, server.cpu_time(), churn.blocks_published);
+            break (now, cpu_times(), churn.blocks_published);
         }
         churn.step(engines)?;
         due += step_every;
@@ -325,41 +339,100 @@ fn measure_ingest_only(
     churn.finish(engines)?;
     *generation += 1;
     workloads::publish_sentinel(engines, *generation)?;
-    wait_synced(server, wl, *generation)?;
+    for server in servers {
+        wait_synced(server, wl, *generation)?;
+    }
     let (t0, c0, b0) = at_start.ok_or("the ingest window never opened")?;
     let (t1, c1, b1) = at_end;
-    let cpu = match (c0, c1) {
-        (Some(c0), Some(c1)) => c1.saturating_sub(c0).as_secs_f64(),
-        _ => f64::NAN,
-    };
     let (wall, blocks) = ((t1 - t0).as_secs_f64(), (b1 - b0).max(1) as f64);
-    let row = IngestOnly {
-        server: server.name.clone(),
-        workload: wl.name,
-        repeat,
-        blocks_per_s: blocks / wall,
-        cpu_us_per_block: cpu * 1e6 / blocks,
-        core_use: cpu / wall,
-    };
-    println!(
-        "  {:<6} {:<9} ingest only {:>7.0} blocks/s  cpu {:>6.2} us/block  core {:.2}",
-        row.server, row.workload, row.blocks_per_s, row.cpu_us_per_block, row.core_use
-    );
-    Ok(row)
+    let mut rows = Vec::new();
+    for (server, (c0, c1)) in servers.iter().zip(c0.into_iter().zip(c1)) {
+        let cpu = match (c0, c1) {
+            (Some(c0), Some(c1)) => c1.saturating_sub(c0).as_secs_f64(),
+            _ => f64::NAN,
+        };
+        let row = IngestOnly {
+            server: server.name.clone(),
+            workload: wl.name,
+            repeat,
+            blocks_per_s: blocks / wall,
+            cpu_us_per_block: cpu * 1e6 / blocks,
+            core_use: cpu / wall,
+        };
+        println!(
+            "  {:<6} {:<9} ingest only {:>7.0} blocks/s  cpu {:>6.2} us/block  core {:.2}",
+            row.server, row.workload, row.blocks_per_s, row.cpu_us_per_block, row.core_use
+        );
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
-/// Reads the server's CPU over a window in which nothing happens.
-fn measure_idle(server: &Server, o: &Options) -> Result<Idle, String> {
+/// Reads each server's CPU over a window in which nothing happens.
+fn measure_idle(servers: &[&Server], o: &Options) -> Result<Vec<Idle>, String> {
     // Let the previous cell's work drain first.
     std::thread::sleep(Duration::from_secs_f64(o.warmup_secs));
-    let (t0, c0) = (Instant::now(), server.cpu_time());
+    let (t0, c0) = (Instant::now(), servers.iter().map(|s| s.cpu_time()).collect::<Vec<_>>());
     std::thread::sleep(Duration::from_secs_f64(o.secs));
-    let (t1, c1) = (Instant::now(), server.cpu_time());
-    let (Some(c0), Some(c1)) = (c0, c1) else { return Err("no CPU time for the server".into()) };
-    let row =
-        Idle { server: server.name.clone(), core_use: c1.saturating_sub(c0).as_secs_f64() / (t1 - t0).as_secs_f64() };
-    println!("  {:<6} idle       core {:.4}", row.server, row.core_use);
-    Ok(row)
+    let (t1, c1) = (Instant::now(), servers.iter().map(|s| s.cpu_time()).collect::<Vec<_>>());
+    let mut rows = Vec::new();
+    for (server, (c0, c1)) in servers.iter().zip(c0.into_iter().zip(c1)) {
+        let (Some(c0), Some(c1)) = (c0, c1) else { return Err("no CPU time for the server".into()) };
+        let core_use = c1.saturating_sub(c0).as_secs_f64() / (t1 - t0).as_secs_f64();
+        println!("  {:<6} idle       core {:.4}", server.name, core_use);
+        rows.push(Idle { server: server.name.clone(), core_use });
+    }
+    Ok(rows)
+}
+
+/// `--together`: both servers at once, fed by the same engines, every
+/// window read on both.
+fn run_together(o: &Options, targets: &[(&str, Option<String>, Vec<String>)]) -> Result<(), String> {
+    let mut servers = Vec::new();
+    for (name, program, args) in targets {
+        servers.push(Server::spawn(name, program.as_deref().unwrap_or_default(), args, Some(o.server_core))?);
+    }
+    let ctx = zmq::Context::new();
+    let mut wls = Vec::new();
+    if o.only.as_deref().is_none_or(|w| w == "trace") {
+        wls.push(workloads::trace(&o.trace, 1)?);
+    }
+    if o.only.as_deref().is_none_or(|w| w == "synthetic") {
+        wls.push(workloads::synthetic(1_001));
+    }
+    let mut setups = Vec::new();
+    for wl in wls {
+        let mut engines = wl.engines(&ctx)?;
+        for server in &servers {
+            for e in &engines {
+                client::call_json(server.addr, "POST", "/register", &wl.register_body(e), 201)?;
+            }
+        }
+        for e in &mut engines {
+            e.wait_subscribed(servers.len())?;
+        }
+        wl.populate(&mut engines)?;
+        workloads::publish_sentinel(&mut engines, 0)?;
+        for server in &servers {
+            wait_synced(server, &wl, 0)?;
+        }
+        setups.push((wl, engines, 0));
+    }
+    let (mut ingest_rows, mut idle_rows) = (Vec::new(), Vec::new());
+    let refs: Vec<&Server> = servers.iter().collect();
+    for repeat in 0..o.repeats {
+        println!("together: repeat {}/{}", repeat + 1, o.repeats);
+        idle_rows.extend(measure_idle(&refs, o)?);
+        for (wl, engines, generation) in &mut setups {
+            ingest_rows.extend(measure_ingest_only(&refs, wl, engines, generation, o, repeat)?);
+        }
+    }
+    for server in &mut servers {
+        server.stop();
+    }
+    ingest_table(&ingest_rows);
+    idle_table(&idle_rows);
+    Ok(())
 }
 
 fn measure(
@@ -454,15 +527,19 @@ fn measure(
                 cells.push(cell);
             }
         }
-        ingest_only.push(measure_ingest_only(server, wl, engines, generation, o, repeat)?);
+        ingest_only.extend(measure_ingest_only(&[&*server], wl, engines, generation, o, repeat)?);
     }
     Ok(())
 }
 
 /// Medians over repeats of the idle rows.
 fn idle_table(rows: &[Idle]) -> Vec<serde_json::Value> {
-    let mut servers: Vec<&str> = rows.iter().map(|r| r.server.as_str()).collect();
-    servers.dedup();
+    let mut servers: Vec<&str> = Vec::new();
+    for r in rows {
+        if !servers.contains(&r.server.as_str()) {
+            servers.push(&r.server);
+        }
+    }
     println!("\nidle (engines connected, nothing published, no queries): server cores used; medians");
     println!("| server | core use |");
     println!("|---|---:|");
@@ -667,6 +744,9 @@ fn run(o: Options) -> Result<(), String> {
             targets.push(("dynamo", Some(d.clone()), common(&[])));
         }
     }
+    if o.together {
+        return run_together(&o, &targets);
+    }
     let mut cells = Vec::new();
     let mut ingest_rows = Vec::new();
     let mut idle_rows = Vec::new();
@@ -682,7 +762,7 @@ fn run(o: Options) -> Result<(), String> {
         answers.push((name.to_string(), sample));
         for repeat in 0..o.repeats {
             println!("{name}: repeat {}/{}", repeat + 1, o.repeats);
-            idle_rows.push(measure_idle(&target.server, &o)?);
+            idle_rows.extend(measure_idle(&[&target.server], &o)?);
             measure(&mut target, &o, repeat, &mut cells, &mut ingest_rows)?;
         }
         target.server.stop();
