@@ -163,7 +163,11 @@ impl Records {
         if self.len == 0 {
             return None;
         }
-        let (a, b) = self.homes(key);
+        self.position_in(key, self.homes(key))
+    }
+
+    #[inline]
+    fn position_in(&self, key: u64, (a, b): (usize, usize)) -> Option<(usize, usize)> {
         for bi in [a, b] {
             let m = self.buckets[bi].matches(key);
             if m != 0 {
@@ -184,22 +188,27 @@ impl Records {
         if let Some((b, s)) = self.position(key) {
             return Some(std::mem::replace(&mut self.buckets[b].ids[s], id));
         }
-        self.insert_new_at(key, id);
+        self.insert_new_at(key, id, None);
         None
     }
 
     /// Adds `key`, which the caller knows is absent; returns where it went.
-    fn insert_new_at(&mut self, key: u64, id: u32) -> Spot {
+    /// `homes` are its buckets if the caller has them at hand.
+    fn insert_new_at(&mut self, key: u64, id: u32, homes: Option<(usize, usize)>) -> Spot {
         debug_assert!(self.position(key).is_none());
-        if (self.len + 1) * 100 > self.buckets.len() * SLOTS * LOAD_MAX_PERCENT {
+        let moved = if (self.len + 1) * 100 > self.buckets.len() * SLOTS * LOAD_MAX_PERCENT {
             let grown = self.buckets.len() * GROW_PERCENT / 100;
             self.rebuild(grown.max(Self::buckets_for(self.len + 1, 80)));
+            true
         } else {
-            self.settle();
-        }
+            self.settle()
+        };
         self.len += 1;
         self.peak = self.peak.max(self.len);
-        let (a, b) = self.homes(key);
+        let (a, b) = match homes {
+            Some(h) if !moved => h,
+            _ => self.homes(key),
+        };
         // The emptier bucket: balanced buckets rarely both fill, so walks stay rare.
         let bi = if self.buckets[a].len <= self.buckets[b].len { a } else { b };
         if !self.buckets[bi].full() {
@@ -221,11 +230,12 @@ impl Records {
     /// way it names `CLAIMED` from now on (a key new to the table is added),
     /// and `set` gives it its id once the store knows its block.
     pub(crate) fn claim(&mut self, key: u64) -> (Option<u32>, Spot) {
-        if let Some((b, s)) = self.position(key) {
+        let homes = (self.len > 0).then(|| self.homes(key));
+        if let Some((b, s)) = homes.and_then(|h| self.position_in(key, h)) {
             let old = std::mem::replace(&mut self.buckets[b].ids[s], CLAIMED);
             return (Some(old), Spot { bucket: b as u32, slot: s as u32 });
         }
-        (None, self.insert_new_at(key, CLAIMED))
+        (None, self.insert_new_at(key, CLAIMED, homes))
     }
 
     /// Sets `key`, which is in the table, to `id`; `spot` is where `claim`
@@ -301,13 +311,16 @@ impl Records {
     }
 
     /// Packs a table once it has settled (seen as many changes as it holds
-    /// keys since its last rebuild) if even its peak leaves it loose.
+    /// keys since its last rebuild) if even its peak leaves it loose; true if
+    /// it was (keys moved).
     #[inline]
-    fn settle(&mut self) {
+    fn settle(&mut self) -> bool {
         self.churn += 1;
-        if self.churn > self.len.max(1024) && self.peak * 100 < self.buckets.len() * SLOTS * LOOSE_PERCENT {
+        let pack = self.churn > self.len.max(1024) && self.peak * 100 < self.buckets.len() * SLOTS * LOOSE_PERCENT;
+        if pack {
             self.rebuild(Self::buckets_for(self.peak, PACK_PERCENT));
         }
+        pack
     }
 
     /// Buckets that hold `len` keys at `load_percent`.
