@@ -46,11 +46,36 @@ impl Bucket {
     /// Slots holding `key` (at most one), as a bit mask.
     #[inline]
     fn matches(&self, key: u64) -> u32 {
-        let mut m = 0u32;
-        for s in 0..SLOTS {
-            m |= ((self.keys[s] == key) as u32) << s;
+        self.equal_slots(key) & ((1u32 << self.len) - 1)
+    }
+
+    /// Slots whose key equals `key`, used or not: two at a time with SSE2
+    /// (every x86-64 has it), which compares 32-bit halves, so a slot
+    /// matches where both of its halves do.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn equal_slots(&self, key: u64) -> u32 {
+        use std::arch::x86_64::*;
+        const _: () = assert!(SLOTS % 2 == 0);
+        // SAFETY: SSE2 is part of x86-64; `keys` starts the 64-byte-aligned
+        // bucket, so every pair of keys is a 16-byte-aligned load inside it.
+        unsafe {
+            let k = _mm_set1_epi64x(key as i64);
+            let mut m = 0u32;
+            for pair in 0..SLOTS / 2 {
+                let v = _mm_load_si128(self.keys.as_ptr().add(2 * pair) as *const __m128i);
+                let e = _mm_cmpeq_epi32(v, k);
+                let both = _mm_and_si128(e, _mm_shuffle_epi32::<0b10_11_00_01>(e));
+                m |= (_mm_movemask_pd(_mm_castsi128_pd(both)) as u32) << (2 * pair);
+            }
+            m
         }
-        m & ((1u32 << self.len) - 1)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline]
+    fn equal_slots(&self, key: u64) -> u32 {
+        (0..SLOTS).fold(0, |m, s| m | ((self.keys[s] == key) as u32) << s)
     }
 
     #[inline]
