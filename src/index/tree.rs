@@ -53,6 +53,14 @@ struct RunInfo {
     live: bool,
 }
 
+/// A block and where it is: its run and offset there.
+#[derive(Clone, Copy)]
+pub(crate) struct Place {
+    pub id: u32,
+    pub run: u32,
+    pub off: u32,
+}
+
 /// Who a new block is for: tier, group, bit.
 #[derive(Clone, Copy)]
 pub(crate) struct Holder {
@@ -160,14 +168,21 @@ impl Tree {
         unsafe { self.header(shared, run).members[tier].load(Ordering::Relaxed).as_ref() }
     }
 
-    /// The existing block with `chain` at `pos` under `parent`, if any.
-    pub(crate) fn next(&self, shared: &Shared, parent: u32, pos: u32, chain: u64) -> Option<u32> {
-        if parent != NIL {
-            let (run, off) = self.locate(parent);
-            if off + 1 < self.len(shared, run) {
-                let id = self.block_at(shared, run, off + 1);
+    /// Where block `id` is.
+    #[inline]
+    pub(crate) fn place(&self, id: u32) -> Place {
+        let (run, off) = self.locate(id);
+        Place { id, run, off }
+    }
+
+    /// The existing block with `chain` at `pos` under `parent` (None: at
+    /// position 0), if any.
+    pub(crate) fn next(&self, shared: &Shared, parent: Option<Place>, pos: u32, chain: u64) -> Option<Place> {
+        if let Some(p) = parent {
+            if p.off + 1 < self.len(shared, p.run) {
+                let id = self.block_at(shared, p.run, p.off + 1);
                 if self.chain(shared, id) == chain {
-                    return Some(id);
+                    return Some(Place { id, run: p.run, off: p.off + 1 });
                 }
             }
         }
@@ -175,9 +190,9 @@ impl Tree {
         let run = shared.starts.get(chain, unsafe { epoch::unprotected() })?;
         let ok = (run as usize) < self.info.len()
             && self.info[run as usize].live
-            && self.info[run as usize].parent == parent
+            && self.info[run as usize].parent == parent.map_or(NIL, |p| p.id)
             && self.start(shared, run) == pos;
-        ok.then(|| self.block_at(shared, run, 0))
+        ok.then(|| Place { id: self.block_at(shared, run, 0), run, off: 0 })
     }
 
     /// Whether a run already starts with `chain` (then a new run cannot).

@@ -21,7 +21,7 @@
 use super::blocks::NIL;
 use super::chain;
 use super::records::{Spot, CLAIMED};
-use super::tree::{Holder, Shared, Tree};
+use super::tree::{Holder, Place, Shared, Tree};
 use super::workers::{Changing, WorkerState};
 use super::ApplyOutcome;
 use crate::event::{StorageTier, StoredBlock};
@@ -78,19 +78,55 @@ impl Marks {
     /// Adds block `id`; returns its run.
     fn add(&mut self, tree: &mut Tree, shared: &Shared, id: u32) -> u32 {
         let (run, off) = tree.locate(id);
+        self.add_at(tree, shared, run, off);
+        run
+    }
+
+    /// Adds the block at `off` of `run`.
+    fn add_at(&mut self, tree: &mut Tree, shared: &Shared, run: u32, off: u32) {
         if let Some(r) = &mut self.range {
             if r.run == run && r.b == off {
                 r.b += 1;
-                return run;
+                return;
             }
             if r.run == run && off + 1 == r.a {
                 r.a -= 1;
-                return run;
+                return;
             }
         }
         self.flush(tree, shared);
         self.range = Some(Range { run, a: off, b: off + 1 });
-        run
+    }
+}
+
+/// A stretch of one run over which the worker's bit is the same: whether a
+/// store that follows existing blocks finds them held already (aliases)
+/// without searching the members block by block. Valid while the store only
+/// goes forward setting bits; anything that clears some drops it.
+struct Held {
+    run: u32,
+    from: u32,
+    to: u32,
+    held: bool,
+}
+
+impl Held {
+    fn at(cache: &mut Option<Held>, tree: &Tree, shared: &Shared, who: Holder, p: Place) -> bool {
+        if let Some(h) = cache {
+            if h.run == p.run && (h.from..h.to).contains(&p.off) {
+                return h.held;
+            }
+        }
+        let len = tree.len(shared, p.run);
+        let (from, to, held) = match tree.members(shared, p.run, who.tier).and_then(|m| m.group(who.group)) {
+            None => (0, len, false),
+            Some(g) => {
+                let i = g.find(p.off);
+                (g.start(i), g.end(i, len), g.bits(i) & who.bit != 0)
+            }
+        };
+        *cache = Some(Held { run: p.run, from, to, held });
+        held
     }
 }
 
@@ -283,9 +319,10 @@ fn store_part(
         let mut changing: Option<Changing> = None;
         let mut piece_end = PIECE_BLOCKS;
         let (mut cur, mut pos, mut pchain) = match parent_id {
-            None => (NIL, 0u32, None),
-            Some(p) => (p, guard.position(shared, p) + 1, Some(guard.chain(shared, p))),
+            None => (None, 0u32, None),
+            Some(p) => (Some(guard.place(p)), guard.position(shared, p) + 1, Some(guard.chain(shared, p))),
         };
+        let mut held: Option<Held> = None;
         let mut marks = Marks::new(holder, true);
         let mut credit = Credit { shared, left: 0 };
         while ids.len() < blocks.len() {
@@ -312,10 +349,10 @@ fn store_part(
             if old != NIL && tree.chain(shared, old) == chain && tree.position(shared, old) == pos {
                 out.duplicate += 1;
                 ids.push(old);
-                (cur, pchain, pos) = (old, Some(chain), pos + 1);
+                (cur, pchain, pos) = (Some(tree.place(old)), Some(chain), pos + 1);
                 continue;
             }
-            let Some(id) = tree.next(shared, cur, pos, chain) else {
+            let Some(at) = tree.next(shared, cur, pos, chain) else {
                 // From here on nothing exists: create the rest of the piece in one go.
                 marks.flush(tree, shared);
                 let n = (piece_end - k).min(blocks.len() - k);
@@ -323,12 +360,13 @@ fn store_part(
                 if previous[k..k + n].iter().any(|&old| old != NIL) {
                     changing.get_or_insert_with(|| Changing::new(st));
                 }
+                held = None;
                 refused = create(
                     tree,
                     shared,
                     st,
                     holder,
-                    cur,
+                    cur.map_or(NIL, |p| p.id),
                     pos,
                     chain,
                     &blocks[k..k + n],
@@ -340,13 +378,13 @@ fn store_part(
                 if refused.is_some() || ids.len() == blocks.len() {
                     break;
                 }
-                cur = *ids.last().expect("created");
-                pchain = Some(tree.chain(shared, cur));
+                let last = *ids.last().expect("created");
+                (cur, pchain) = (Some(tree.place(last)), Some(tree.chain(shared, last)));
                 pos += n as u32;
                 continue;
             };
-            let (run, off) = tree.locate(id);
-            let alias = tree.members(shared, run, tier).is_some_and(|m| m.holds(group, bit, off));
+            let id = at.id;
+            let alias = Held::at(&mut held, tree, shared, holder, at);
             if !alias && !credit.take((blocks.len() - k) as u64) {
                 out.shed += (blocks.len() - k) as u32;
                 refused = Some(Refusal::Shed);
@@ -356,7 +394,7 @@ fn store_part(
                 *st.aliases.entry((tier as u8, id)).or_insert(0) += 1;
                 out.duplicate += 1;
             } else {
-                marks.add(tree, shared, id);
+                marks.add_at(tree, shared, at.run, at.off);
                 delta.added += 1;
                 out.stored += 1;
             }
@@ -366,9 +404,10 @@ fn store_part(
                 marks.flush(tree, shared);
                 changing.get_or_insert_with(|| Changing::new(st));
                 release_block(tree, shared, st, tier, old, &mut delta);
+                held = None;
             }
             ids.push(id);
-            (cur, pchain, pos) = (id, Some(chain), pos + 1);
+            (cur, pchain, pos) = (Some(at), Some(chain), pos + 1);
         }
         let tree = &mut *guard;
         marks.flush(tree, shared);
