@@ -122,6 +122,15 @@ fn reduce(h: u64, n: usize) -> usize {
     ((h as u128 * n as u128) >> 64) as usize
 }
 
+/// A key's two buckets in a table of `n` buckets, worked out ahead of use
+/// (`prefetch`); a table of another size works them out again.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Homes {
+    a: u32,
+    b: u32,
+    n: u32,
+}
+
 /// Where a key was put: valid until the table next moves keys.
 #[derive(Clone, Copy)]
 pub(crate) struct Spot {
@@ -168,11 +177,13 @@ impl Records {
         (a, b)
     }
 
-    /// Asks the cache for `key`'s buckets ahead of a `get` or `remove`.
+    /// Asks the cache for `key`'s buckets ahead of a `claim` or `remove`,
+    /// and says which they are, so that the claim or remove need not work
+    /// them out again.
     #[inline]
-    pub(crate) fn prefetch(&self, key: u64) {
+    pub(crate) fn prefetch(&self, key: u64) -> Homes {
         if self.buckets.is_empty() {
-            return;
+            return Homes::default();
         }
         let (a, b) = self.homes(key);
         for bi in [a, b] {
@@ -180,6 +191,17 @@ impl Records {
             prefetch(p);
             // A bucket is two cache lines; this is its second.
             prefetch(p.wrapping_add(64));
+        }
+        Homes { a: a as u32, b: b as u32, n: self.buckets.len() as u32 }
+    }
+
+    /// `key`'s buckets: `ahead` if the table has kept its size since.
+    #[inline]
+    fn homes_now(&self, key: u64, ahead: Homes) -> (usize, usize) {
+        if ahead.n as usize == self.buckets.len() && ahead.n > 0 {
+            (ahead.a as usize, ahead.b as usize)
+        } else {
+            self.homes(key)
         }
     }
 
@@ -254,8 +276,8 @@ impl Records {
     /// (`CLAIMED` if an earlier block of the same store claimed it); either
     /// way it names `CLAIMED` from now on (a key new to the table is added),
     /// and `set` gives it its id once the store knows its block.
-    pub(crate) fn claim(&mut self, key: u64) -> (Option<u32>, Spot) {
-        let homes = (self.len > 0).then(|| self.homes(key));
+    pub(crate) fn claim(&mut self, key: u64, ahead: Homes) -> (Option<u32>, Spot) {
+        let homes = (self.len > 0).then(|| self.homes_now(key, ahead));
         if let Some((b, s)) = homes.and_then(|h| self.position_in(key, h)) {
             let old = std::mem::replace(&mut self.buckets[b].ids[s], CLAIMED);
             return (Some(old), Spot { bucket: b as u32, slot: s as u32 });
@@ -317,7 +339,15 @@ impl Records {
 
     /// Removes `key`, returning its id.
     pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
-        let (b, s) = self.position(key)?;
+        self.remove_ahead(key, Homes::default())
+    }
+
+    /// Removes `key`, whose buckets `prefetch` said, returning its id.
+    pub(crate) fn remove_ahead(&mut self, key: u64, ahead: Homes) -> Option<u32> {
+        if self.len == 0 {
+            return None;
+        }
+        let (b, s) = self.position_in(key, self.homes_now(key, ahead))?;
         let bucket = &mut self.buckets[b];
         let id = bucket.ids[s];
         let last = bucket.len as usize - 1;
@@ -431,7 +461,7 @@ mod tests {
         let key = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7;
         // Claimed in one batch, set after: the table grows (and moves every
         // key) many times in between.
-        let claims: Vec<_> = (0..20_000u64).map(|k| r.claim(key(k))).collect();
+        let claims: Vec<_> = (0..20_000u64).map(|k| r.claim(key(k), Homes::default())).collect();
         assert!(claims.iter().all(|(old, _)| old.is_none()));
         for (k, (_, spot)) in claims.iter().enumerate() {
             r.set(key(k as u64), *spot, k as u32 + 1);
@@ -440,7 +470,7 @@ mod tests {
             assert_eq!(r.get(key(k)), Some(k as u32 + 1));
         }
         // A claim of a key present says what it names and adds nothing.
-        let (old, spot) = r.claim(key(5));
+        let (old, spot) = r.claim(key(5), Homes::default());
         assert_eq!(old, Some(6));
         r.set(key(5), spot, 99);
         assert_eq!((r.get(key(5)), r.len()), (Some(99), 20_000));

@@ -20,7 +20,7 @@
 
 use super::blocks::NIL;
 use super::chain;
-use super::records::{Spot, CLAIMED};
+use super::records::{Homes, Spot, CLAIMED};
 use super::tree::{Holder, Place, Shared, Tree};
 use super::workers::{Changing, WorkerState};
 use super::ApplyOutcome;
@@ -284,16 +284,18 @@ fn store_part(
     // gets its block once the tree says which; a hash found claimed already
     // was named earlier in this event.
     let records = &mut st.records[tier];
-    for b in blocks.iter().take(PREFETCH_AHEAD) {
-        records.prefetch(b.engine_hash);
+    let mut ahead = [Homes::default(); PREFETCH_AHEAD];
+    for (h, b) in ahead.iter_mut().zip(blocks) {
+        *h = records.prefetch(b.engine_hash);
     }
     let mut previous: Vec<u32> = Vec::with_capacity(blocks.len());
     let mut spots: Vec<Spot> = Vec::with_capacity(blocks.len());
     for (k, b) in blocks.iter().enumerate() {
+        let homes = ahead[k % PREFETCH_AHEAD];
         if let Some(next) = blocks.get(k + PREFETCH_AHEAD) {
-            records.prefetch(next.engine_hash);
+            ahead[k % PREFETCH_AHEAD] = records.prefetch(next.engine_hash);
         }
-        let (old, spot) = records.claim(b.engine_hash);
+        let (old, spot) = records.claim(b.engine_hash, homes);
         if old == Some(CLAIMED) {
             // Claimed by a block before it in this event: the engine named
             // one hash twice. The part ends here; the rest is stored after
@@ -524,14 +526,16 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
     let (group, bit) = split(st.slot);
     // The records, outside the tree lock.
     let mut gone: Vec<u32> = Vec::with_capacity(hashes.len());
-    for &h in hashes.iter().take(PREFETCH_AHEAD) {
-        st.records[tier].prefetch(h);
+    let mut ahead = [Homes::default(); PREFETCH_AHEAD];
+    for (a, &h) in ahead.iter_mut().zip(hashes) {
+        *a = st.records[tier].prefetch(h);
     }
     for (k, &h) in hashes.iter().enumerate() {
+        let homes = ahead[k % PREFETCH_AHEAD];
         if let Some(&next) = hashes.get(k + PREFETCH_AHEAD) {
-            st.records[tier].prefetch(next);
+            ahead[k % PREFETCH_AHEAD] = st.records[tier].prefetch(next);
         }
-        let Some(id) = st.records[tier].remove(h) else {
+        let Some(id) = st.records[tier].remove_ahead(h, homes) else {
             out.unknown_removed += 1;
             continue;
         };
