@@ -152,6 +152,17 @@ impl Tree {
         chunk * CHUNK_BLOCKS as u32 + offset % CHUNK_BLOCKS as u32
     }
 
+    /// The id of the block after `p` in its run (which has one): the next
+    /// slot of the same chunk, unless `p` ends its chunk.
+    #[inline]
+    pub(crate) fn after(&self, shared: &Shared, p: Place) -> u32 {
+        if (p.off + 1) as usize % CHUNK_BLOCKS != 0 {
+            p.id + 1
+        } else {
+            self.block_at(shared, p.run, p.off + 1)
+        }
+    }
+
     /// The parent block of `id` (NIL at position 0).
     pub(crate) fn parent_of(&self, shared: &Shared, id: u32) -> u32 {
         let (run, off) = self.locate(id);
@@ -180,7 +191,7 @@ impl Tree {
     pub(crate) fn next(&self, shared: &Shared, parent: Option<Place>, pos: u32, chain: u64) -> Option<Place> {
         if let Some(p) = parent {
             if p.off + 1 < self.len(shared, p.run) {
-                let id = self.block_at(shared, p.run, p.off + 1);
+                let id = self.after(shared, p);
                 if self.chain(shared, id) == chain {
                     return Some(Place { id, run: p.run, off: p.off + 1 });
                 }

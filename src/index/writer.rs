@@ -508,9 +508,11 @@ fn create(
         return Some(Refusal::Full);
     };
     // The new blocks are consecutive in one run.
-    let (run, off) = tree.locate(first_id);
-    for j in 0..n {
-        ids.push(tree.block_at(shared, run, off + j as u32));
+    let mut at = tree.place(first_id);
+    ids.push(at.id);
+    for _ in 1..n {
+        at = Place { id: tree.after(shared, at), run: at.run, off: at.off + 1 };
+        ids.push(at.id);
     }
     delta.added += n as u64;
     out.stored += n as u32;
