@@ -15,7 +15,7 @@ use crate::ingest::ListenerStatus;
 use crate::metrics::Prom;
 use crate::peers::{PeerAdded, Peers, PEERS_MAX};
 use crate::readiness::Readiness;
-use crate::registry::{RegisterArgs, Registry, RegistryError, TENANT_DEFAULT};
+use crate::registry::{Registry, RegistryError, TENANT_DEFAULT};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -150,17 +150,9 @@ impl Api {
     }
 
     fn register(&self, body: &[u8], s: &mut Scratch) -> Answer {
-        let r = codec::parse_register(body)?;
-        s.set_model(&r.model_name);
-        self.registry.register(RegisterArgs {
-            instance_id: r.instance_id,
-            dp_rank: r.dp_rank.unwrap_or(0),
-            endpoint: r.endpoint,
-            replay_endpoint: r.replay_endpoint,
-            model_name: r.model_name,
-            tenant_id: r.tenant_id.unwrap_or_else(|| TENANT_DEFAULT.to_string()),
-            block_size: r.block_size,
-        })?;
+        let args = codec::parse_register(body)?;
+        s.set_model(&args.model_name);
+        self.registry.register(args)?;
         ok(s, 201)
     }
 
@@ -221,7 +213,7 @@ impl Api {
     }
 
     fn peer(&self, body: &[u8], s: &mut Scratch, add: bool) -> Answer {
-        let url = codec::parse_peer(body)?.url;
+        let url = codec::parse_peer(body)?;
         if !add {
             if !self.peers.remove(&url) {
                 return Err(Refusal(404, format!("peer {url} is not registered")));
@@ -289,7 +281,7 @@ impl Api {
         if let (true, Some(token)) = (spec.mutating, &self.admin_token) {
             if let Err(e) = token.check(req.authorization) {
                 self.auth_refused.fetch_add(1, Ordering::Relaxed);
-                error_body(&mut s.out, e.message());
+                error_body(&mut s.out, e);
                 return Ok(Reply { header: Some(format!("WWW-Authenticate: {CHALLENGE}")), ..Reply::json(401) });
             }
         }

@@ -109,8 +109,8 @@ fn parse<'a, T: Id>(body: &'a [u8], ids: &mut Vec<T>) -> Result<QueryRequest<'a>
                 .to_string()
         });
     }
-    let tenant_id = tenant(tenant_id, routing_group, &mut p);
     p.result()?;
+    let tenant_id = tenant(tenant_id, routing_group)?;
     // A missing or mistyped model_name was recorded above.
     let model_name = model_name.ok_or_else(|| BodyError::Unprocessable("`model_name` must be a string".into()))?;
     Ok(QueryRequest { model_name, tenant_id, lora_name, cache_salt, include_unmatched })
