@@ -60,7 +60,7 @@ type Answer = Result<Reply, Refusal>;
 /// `{"status":"ok"}` with `status`.
 fn ok(s: &mut Scratch, status: u16) -> Answer {
     s.out.clear();
-    codec::write_status_ok(&mut s.out);
+    s.out.extend_from_slice(br#"{"status":"ok"}"#);
     Ok(Reply::json(status))
 }
 
@@ -131,14 +131,7 @@ impl Api {
             h.predictions.lookup(&matches, &s.hashes, crate::predict::now_ms())
         };
         s.out.clear();
-        codec::write_query_response_predicted(
-            &mut s.out,
-            &matches,
-            &registered,
-            &predicted,
-            block_size,
-            s.hashes.len(),
-        );
+        codec::write_query_response(&mut s.out, &matches, &registered, &predicted, block_size, s.hashes.len());
         Ok(Reply::json(200))
     }
 

@@ -44,7 +44,7 @@ mod response;
 pub use crate::json::BodyError;
 pub use control::{parse_peer, parse_register, parse_unregister, UnregisterRequest};
 pub use query::{parse_query, parse_query_by_hash, QueryRequest};
-pub use response::{write_error, write_query_response, write_query_response_predicted, write_status_ok};
+pub use response::{write_error, write_query_response};
 
 /// Deepest nesting of arrays and objects accepted in a body; the top-level
 /// object is level 1. Equal to serde_json's limit, so both agree on what is
