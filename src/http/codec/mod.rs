@@ -60,34 +60,6 @@ pub const QUERY_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// unregister, peers).
 pub const CONTROL_BODY_BYTES_MAX: usize = 64 * 1024;
 
-/// Type and value problems found in a body, kept by class so the class
-/// reported does not depend on field order; a syntax error is returned at
-/// once instead, since it outranks both.
-#[derive(Default)]
-struct Problems {
-    unprocessable: Option<String>,
-    invalid: Option<String>,
-}
-
-impl Problems {
-    fn unprocessable(&mut self, message: impl FnOnce() -> String) {
-        self.unprocessable.get_or_insert_with(message);
-    }
-
-    fn invalid(&mut self, message: impl FnOnce() -> String) {
-        self.invalid.get_or_insert_with(message);
-    }
-
-    /// The outcome once the whole body was read without a syntax error.
-    fn result(self) -> Result<(), BodyError> {
-        match (self.unprocessable, self.invalid) {
-            (Some(m), _) => Err(BodyError::Unprocessable(m)),
-            (None, Some(m)) => Err(BodyError::Invalid(m)),
-            (None, None) => Ok(()),
-        }
-    }
-}
-
 /// Refuses a body longer than `max` before reading it.
 fn check_size(body: &[u8], max: usize) -> Result<(), BodyError> {
     if body.len() > max {
