@@ -94,17 +94,8 @@ pub(super) fn read_ids<T: Id>(w: &mut Walk<'_>, out: &mut Vec<T>) -> Result<Resu
             index += 1;
         }
         after_value = false;
-        w.ws();
-        match w.peek() {
-            Some(b',') => {
-                w.i += 1;
-                w.ws();
-            }
-            Some(b']') => {
-                w.i += 1;
-                return Ok(refused.map_or(Ok(()), Err));
-            }
-            _ => return w.err("expected ',' or ']' after a value in an array"),
+        if !w.next(b']', "expected ',' or ']' after a value in an array")? {
+            return Ok(refused.map_or(Ok(()), Err));
         }
     }
 }
