@@ -534,7 +534,7 @@ impl Registry {
         booked.map_err(|e| match e {
             RoutedError::NotFound(m) => RegistryError::NotFound(m),
             RoutedError::Full { asked, message } => {
-                self.predict.note_refused(asked);
+                self.predict.counters.refused.fetch_add(asked, Ordering::Relaxed);
                 RegistryError::Unavailable(message)
             }
         })
