@@ -207,7 +207,7 @@ fn main() {
 
         // Both paths must say the same thing before their speed matters.
         parse_query(&body, &mut tokens).unwrap();
-        write_query_response(&mut out, &m, &[], BLOCK_SIZE, tokens.len() / BLOCK_SIZE as usize);
+        write_query_response(&mut out, &m, &[], &[], BLOCK_SIZE, tokens.len() / BLOCK_SIZE as usize);
         let ours: serde_json::Value = serde_json::from_slice(&out).unwrap();
         let theirs: serde_json::Value = serde_json::from_slice(&serde_path(&body, &m)).unwrap();
         assert_eq!(ours, theirs);
@@ -228,14 +228,14 @@ fn main() {
         assert_eq!(tokens.len(), blocks * BLOCK_SIZE as usize);
         let write = measure(|| {
             out.clear();
-            write_query_response(&mut out, black_box(&m), &[], BLOCK_SIZE, blocks);
+            write_query_response(&mut out, black_box(&m), &[], &[], BLOCK_SIZE, blocks);
             black_box(&out);
         });
         let both = measure(|| {
             let q = parse_query(black_box(&body), &mut tokens).unwrap();
             black_box(q);
             out.clear();
-            write_query_response(&mut out, black_box(&m), &[], BLOCK_SIZE, tokens.len() / 16);
+            write_query_response(&mut out, black_box(&m), &[], &[], BLOCK_SIZE, tokens.len() / 16);
             black_box(&out);
         });
         let serde = measure(|| {

@@ -104,16 +104,6 @@ pub enum Command {
     Version,
 }
 
-/// A command-line or environment error, said in one line.
-#[derive(Debug, PartialEq, Eq)]
-pub struct CliError(pub String);
-
-impl fmt::Display for CliError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 pub const USAGE: &str = "\
 kv-indexer: tracks which KV-cache blocks every inference worker holds and
 answers which worker holds the longest cached prefix of a request.
@@ -172,30 +162,30 @@ OPTIONS:
   -V, --version            the version
 ";
 
-fn parse_num<T>(flag: &str, v: &str, min: T, max: T) -> Result<T, CliError>
+fn parse_num<T>(flag: &str, v: &str, min: T, max: T) -> Result<T, String>
 where
     T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
 {
     match v.trim().parse::<T>() {
         Ok(n) if n >= min && n <= max => Ok(n),
-        _ => Err(CliError(format!("{flag}: expected a number from {min} to {max}, got {v:?}"))),
+        _ => Err(format!("{flag}: expected a number from {min} to {max}, got {v:?}")),
     }
 }
 
 /// Parses `instance[:dp_rank]=endpoint,...` into registrations on the
 /// index of `cfg`'s model, tenant and block size.
-pub fn parse_workers(list: &str, cfg: &Config) -> Result<Vec<RegisterArgs>, CliError> {
+pub fn parse_workers(list: &str, cfg: &Config) -> Result<Vec<RegisterArgs>, String> {
     let mut out: Vec<RegisterArgs> = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let bad = || CliError(format!("--workers: {item:?} is not instance[:dp_rank]=endpoint"));
+        let bad = || format!("--workers: {item:?} is not instance[:dp_rank]=endpoint");
         let (id, endpoint) = item.split_once('=').ok_or_else(bad)?;
         let (instance, rank) = id.split_once(':').unwrap_or((id, "0"));
         let instance_id = instance.trim().parse::<u64>().map_err(|_| bad())?;
         let dp_rank = rank.trim().parse::<u32>().map_err(|_| bad())?;
         let endpoint = endpoint.trim();
-        crate::endpoint::validate_zmq_endpoint(endpoint).map_err(|why| CliError(format!("--workers: {why}")))?;
+        crate::endpoint::validate_zmq_endpoint(endpoint).map_err(|why| format!("--workers: {why}"))?;
         if out.iter().any(|a| (a.instance_id, a.dp_rank) == (instance_id, dp_rank)) {
-            return Err(CliError(format!("--workers: instance {instance_id} dp_rank {dp_rank} is listed twice")));
+            return Err(format!("--workers: instance {instance_id} dp_rank {dp_rank} is listed twice"));
         }
         out.push(RegisterArgs {
             instance_id,
@@ -211,22 +201,23 @@ pub fn parse_workers(list: &str, cfg: &Config) -> Result<Vec<RegisterArgs>, CliE
 }
 
 /// Parses `--peers`.
-pub fn parse_peers(list: &str) -> Result<Vec<String>, CliError> {
+pub fn parse_peers(list: &str) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
     for p in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let url = crate::endpoint::validate_peer_url(p).map_err(|e| CliError(format!("--peers: {e}")))?;
+        let url = crate::endpoint::validate_peer_url(p).map_err(|e| format!("--peers: {e}"))?;
         if !out.contains(&url) {
             out.push(url);
         }
         if out.len() > crate::peers::PEERS_MAX {
-            return Err(CliError(format!("--peers: at most {} peers", crate::peers::PEERS_MAX)));
+            return Err(format!("--peers: at most {} peers", crate::peers::PEERS_MAX));
         }
     }
     Ok(out)
 }
 
-/// Reads the command line (without the program name) and the environment.
-pub fn parse<I>(args: I, env: impl Fn(&str) -> Option<String>) -> Result<Command, CliError>
+/// Reads the command line (without the program name) and the environment;
+/// an error is one line, for stderr.
+pub fn parse<I>(args: I, env: impl Fn(&str) -> Option<String>) -> Result<Command, String>
 where
     I: IntoIterator<Item = std::ffi::OsString>,
 {
@@ -248,7 +239,7 @@ where
         }
     }
     let mut parser = lexopt::Parser::from_args(args);
-    while let Some(arg) = parser.next().map_err(|e| CliError(e.to_string()))? {
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         let flag = match &arg {
             Short('h') | Long("help") => return Ok(Command::Help),
             Short('V') | Long("version") => return Ok(Command::Version),
@@ -262,18 +253,18 @@ where
             }
             Long(l) => format!("--{l}"),
             Short(c) => format!("-{c}"),
-            Value(v) => return Err(CliError(format!("unexpected argument {v:?}; see --help"))),
+            Value(v) => return Err(format!("unexpected argument {v:?}; see --help")),
         };
         let value = || {
-            let value = parser.value().map_err(|_| CliError(format!("{flag} needs a value")))?;
-            value.into_string().map_err(|_| CliError(format!("{flag}: value is not valid UTF-8")))
+            let value = parser.value().map_err(|_| format!("{flag} needs a value"))?;
+            value.into_string().map_err(|_| format!("{flag}: value is not valid UTF-8"))
         };
         set(&mut cfg, &mut workers, &flag, &flag, value)?;
     }
     if let Some(w) = workers {
         cfg.workers = parse_workers(&w, &cfg)?;
         if !cfg.workers.is_empty() && cfg.block_size.is_none() {
-            return Err(CliError("--workers needs --block-size".into()));
+            return Err("--workers needs --block-size".into());
         }
     }
     Ok(Command::Run(Box::new(cfg)))
@@ -287,8 +278,8 @@ fn set(
     workers: &mut Option<String>,
     flag: &str,
     name: &str,
-    value: impl FnOnce() -> Result<String, CliError>,
-) -> Result<(), CliError> {
+    value: impl FnOnce() -> Result<String, String>,
+) -> Result<(), String> {
     use crate::log::{Format, Level};
     let path = |v: String| non_blank(name, &v, "path").map(PathBuf::from);
     match flag {
@@ -318,43 +309,43 @@ fn set(
         "--predict-max-blocks" => cfg.predict_max_blocks = parse_num(name, &value()?, 1, 1 << 30)?,
         "--predict-ttl-ms" => cfg.predict_ttl_ms = parse_num(name, &value()?, 1, crate::predict::TTL_MS_MAX)?,
         "--admin-token" => {
-            let t = crate::http::auth::AdminToken::new(&value()?).map_err(|e| CliError(format!("{name}: {e}")))?;
+            let t = crate::http::auth::AdminToken::new(&value()?).map_err(|e| format!("{name}: {e}"))?;
             cfg.admin_token = Some(t);
         }
         "--log-level" => {
             let v = value()?;
-            cfg.log_level = Level::parse(&v).ok_or_else(|| CliError(format!("{name}: unknown level {v:?}")))?
+            cfg.log_level = Level::parse(&v).ok_or_else(|| format!("{name}: unknown level {v:?}"))?
         }
         "--log-format" => {
             let v = value()?;
-            cfg.log_format = Format::parse(&v).ok_or_else(|| CliError(format!("{name}: {v:?} is not text or json")))?
+            cfg.log_format = Format::parse(&v).ok_or_else(|| format!("{name}: {v:?} is not text or json"))?
         }
         "--snapshot-dir" => cfg.snapshot_dir = Some(path(value()?)?),
         "--snapshot-interval-s" => cfg.snapshot_interval_s = parse_num(name, &value()?, 0, 86_400)?,
         "--access-log" => cfg.access_log.path = Some(path(value()?)?),
         "--trace-id-header" => {
             cfg.access_log.trace_id_header =
-                crate::http::access_log::header_name(&value()?).map_err(|e| CliError(format!("{name}: {e}")))?
+                crate::http::access_log::header_name(&value()?).map_err(|e| format!("{name}: {e}"))?
         }
-        _ => return Err(CliError(format!("unknown option {flag}; see --help"))),
+        _ => return Err(format!("unknown option {flag}; see --help")),
     }
     Ok(())
 }
 
 /// `v`, unless it is blank: then "`flag`: empty `what`".
-fn non_blank<'a>(flag: &str, v: &'a str, what: &str) -> Result<&'a str, CliError> {
+fn non_blank<'a>(flag: &str, v: &'a str, what: &str) -> Result<&'a str, String> {
     if v.trim().is_empty() {
-        return Err(CliError(format!("{flag}: empty {what}")));
+        return Err(format!("{flag}: empty {what}"));
     }
     Ok(v)
 }
 
-fn non_empty(flag: &str, v: String) -> Result<String, CliError> {
+fn non_empty(flag: &str, v: String) -> Result<String, String> {
     let max = crate::registry::NAME_BYTES_MAX;
     if v.is_empty() {
-        Err(CliError(format!("{flag}: empty name")))
+        Err(format!("{flag}: empty name"))
     } else if v.len() > max {
-        Err(CliError(format!("{flag}: longer than {max} bytes")))
+        Err(format!("{flag}: longer than {max} bytes"))
     } else {
         Ok(v)
     }
@@ -364,7 +355,7 @@ fn non_empty(flag: &str, v: String) -> Result<String, CliError> {
 mod tests {
     use super::*;
 
-    fn run(args: &[&str]) -> Result<Config, CliError> {
+    fn run(args: &[&str]) -> Result<Config, String> {
         match parse(args.iter().map(Into::into), |_| None)? {
             Command::Run(c) => Ok(*c),
             other => panic!("expected a run, got {other:?}"),
@@ -425,7 +416,7 @@ mod tests {
         assert!(!c.access_log.local_time);
         for args in [&["--trace-id-header", "bad header"][..], &["--trace-id-header", ""], &["--access-log", ""]] {
             let e = run(args).unwrap_err();
-            assert!(!e.0.contains('\n') && e.0.starts_with(args[0]), "{args:?}: {e}");
+            assert!(!e.contains('\n') && e.starts_with(args[0]), "{args:?}: {e}");
         }
     }
 
@@ -482,7 +473,7 @@ mod tests {
             &["--model-name", &"m".repeat(crate::registry::NAME_BYTES_MAX + 1)],
         ] {
             let e = run(args).unwrap_err();
-            assert!(!e.0.contains('\n') && !e.0.is_empty(), "{args:?}: {e}");
+            assert!(!e.contains('\n') && !e.is_empty(), "{args:?}: {e}");
         }
     }
 
@@ -515,7 +506,7 @@ mod tests {
         assert_eq!(c.admin_token, Some(crate::http::auth::AdminToken::new("from-flag").unwrap()), "the flag wins");
         for args in [&["--max-pairs", "-1"][..], &["--admin-token", ""], &["--admin-token", "two words"]] {
             let e = run(args).unwrap_err();
-            assert!(!e.0.contains("two words"), "the error does not echo the token: {e}");
+            assert!(!e.contains("two words"), "the error does not echo the token: {e}");
         }
         assert!(!format!("{c:?}").contains("from-flag"), "Debug of the config hides the token");
     }

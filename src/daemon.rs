@@ -94,8 +94,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         auth_refused: Default::default(),
         access_log: access_log.clone(),
     });
-    let http =
-        HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api, metrics, access_log.clone())?;
+    let http = HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api)?;
     if let Some(path) = &cfg.unix_socket {
         crate::unix_socket::grant(path)?;
     }

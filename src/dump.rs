@@ -288,8 +288,10 @@ struct WireEvent {
     worker_id: u64,
     #[serde(default)]
     storage_tier: WireTier,
-    #[serde(default)]
-    residency_domain: WireDomain,
+    /// Whatever the value is, it is read whole and judged, as Dynamo's
+    /// tolerant wire type does: only `"worker"` (or none) is ours.
+    #[serde(default, rename = "residency_domain", deserialize_with = "foreign_domain")]
+    foreign_domain: bool,
     event: WireKvEvent,
 }
 
@@ -302,7 +304,7 @@ enum Skip {
 
 impl WireEvent {
     fn into_event(self) -> Result<Event, Skip> {
-        if self.residency_domain == WireDomain::Unsupported {
+        if self.foreign_domain {
             let kind = match self.event.data {
                 WireData::Stored(_) => 0,
                 WireData::Removed(_) => 1,
@@ -396,22 +398,8 @@ impl<'de> Deserialize<'de> for WireTier {
     }
 }
 
-/// A residency domain: the worker's own (`"worker"`, or the field left
-/// out), or anything else, which this index cannot hold.
-#[derive(Default, PartialEq, Eq)]
-enum WireDomain {
-    #[default]
-    Worker,
-    Unsupported,
-}
-
-impl<'de> Deserialize<'de> for WireDomain {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // Whatever the value is, it is read whole and judged, as Dynamo's
-        // tolerant wire type does: only "worker" is ours.
-        let v = serde_json::Value::deserialize(d)?;
-        Ok(if v.as_str() == Some("worker") { WireDomain::Worker } else { WireDomain::Unsupported })
-    }
+fn foreign_domain<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(serde_json::Value::deserialize(d)?.as_str() != Some("worker"))
 }
 
 #[cfg(test)]

@@ -443,13 +443,12 @@ impl Registry {
                 }
             }
         }
+        let scope = format!(
+            "{}{}",
+            tenant_id.map(|t| format!(" tenant={t:?}")).unwrap_or_default(),
+            dp_rank.map(|d| format!(" dp_rank {d}")).unwrap_or_default()
+        );
         if regs.is_empty() && held.is_empty() {
-            let scope = match (tenant_id, dp_rank) {
-                (Some(t), Some(d)) => format!(" tenant={t:?} dp_rank {d}"),
-                (Some(t), None) => format!(" tenant={t:?}"),
-                (None, Some(d)) => format!(" dp_rank {d}"),
-                (None, None) => String::new(),
-            };
             return Err(RegistryError::NotFound(format!(
                 "instance {instance_id} is not registered for model={model_name:?}{scope}"
             )));
@@ -507,9 +506,7 @@ impl Registry {
             }
         }
         crate::info!(
-            "unregistered instance {instance_id} model={model_name:?}{}{}: {} listener(s), {} worker(s)",
-            tenant_id.map(|t| format!(" tenant={t:?}")).unwrap_or_default(),
-            dp_rank.map(|d| format!(" dp_rank {d}")).unwrap_or_default(),
+            "unregistered instance {instance_id} model={model_name:?}{scope}: {} listener(s), {} worker(s)",
             regs.len(),
             held.len()
         );
@@ -537,7 +534,7 @@ impl Registry {
         booked.map_err(|e| match e {
             RoutedError::NotFound(m) => RegistryError::NotFound(m),
             RoutedError::Full { asked, message } => {
-                self.predict.note_refused(asked);
+                self.predict.counters.refused.fetch_add(asked, Ordering::Relaxed);
                 RegistryError::Unavailable(message)
             }
         })

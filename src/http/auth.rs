@@ -25,26 +25,11 @@ impl fmt::Debug for AdminToken {
     }
 }
 
-/// Why a request was refused.
-#[derive(Debug, PartialEq, Eq)]
-pub enum AuthError {
-    /// No `Authorization: Bearer` header.
-    Missing,
-    /// A bearer token that is not the configured one.
-    Wrong,
-}
-
-impl AuthError {
-    /// The message of the 401 body; says what to send, never the token.
-    pub fn message(&self) -> &'static str {
-        match self {
-            AuthError::Missing => {
-                "this endpoint needs the admin token: send \"Authorization: Bearer <token>\" (--admin-token)"
-            }
-            AuthError::Wrong => "the bearer token is not the admin token (--admin-token)",
-        }
-    }
-}
+/// The 401 message for a request without `Authorization: Bearer`; says
+/// what to send, never the token.
+pub const MISSING: &str = "this endpoint needs the admin token: send \"Authorization: Bearer <token>\" (--admin-token)";
+/// The 401 message for a bearer token that is not the configured one.
+pub const WRONG: &str = "the bearer token is not the admin token (--admin-token)";
 
 impl AdminToken {
     /// A token from the command line or environment: printable ASCII without
@@ -59,19 +44,17 @@ impl AdminToken {
         Ok(AdminToken(token.to_string()))
     }
 
-    /// Checks an `Authorization` header value (`None`: no header).
-    pub fn check(&self, authorization: Option<&str>) -> Result<(), AuthError> {
-        let value = authorization.ok_or(AuthError::Missing)?.trim();
+    /// Checks an `Authorization` header value (`None`: no header); refused
+    /// with the message of the 401 body, `MISSING` or `WRONG`.
+    pub fn check(&self, authorization: Option<&str>) -> Result<(), &'static str> {
         // The scheme is case-insensitive (RFC 9110); the token is not.
-        let (scheme, token) = value.split_once(' ').ok_or(AuthError::Missing)?;
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return Err(AuthError::Missing);
+        let bearer =
+            authorization.and_then(|v| v.trim().split_once(' ')).filter(|(s, _)| s.eq_ignore_ascii_case("bearer"));
+        let (_, token) = bearer.ok_or(MISSING)?;
+        if !constant_time_eq(token.trim_start().as_bytes(), self.0.as_bytes()) {
+            return Err(WRONG);
         }
-        if constant_time_eq(token.trim_start().as_bytes(), self.0.as_bytes()) {
-            Ok(())
-        } else {
-            Err(AuthError::Wrong)
-        }
+        Ok(())
     }
 }
 
@@ -95,12 +78,12 @@ mod tests {
         let t = AdminToken::new("s3cret-Token").unwrap();
         assert_eq!(t.check(Some("Bearer s3cret-Token")), Ok(()));
         assert_eq!(t.check(Some("bearer  s3cret-Token ")), Ok(()));
-        assert_eq!(t.check(None), Err(AuthError::Missing));
-        assert_eq!(t.check(Some("Basic czNjcmV0")), Err(AuthError::Missing));
-        assert_eq!(t.check(Some("Bearer")), Err(AuthError::Missing));
-        assert_eq!(t.check(Some("Bearer  ")), Err(AuthError::Missing));
+        assert_eq!(t.check(None), Err(MISSING));
+        assert_eq!(t.check(Some("Basic czNjcmV0")), Err(MISSING));
+        assert_eq!(t.check(Some("Bearer")), Err(MISSING));
+        assert_eq!(t.check(Some("Bearer  ")), Err(MISSING));
         for wrong in ["Bearer s3cret-token", "Bearer s3cret-Token2", "Bearer s3cret-Toke", "Bearer x"] {
-            assert_eq!(t.check(Some(wrong)), Err(AuthError::Wrong), "{wrong:?}");
+            assert_eq!(t.check(Some(wrong)), Err(WRONG), "{wrong:?}");
         }
     }
 

@@ -9,12 +9,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Histogram bucket bounds, in seconds.
 const BUCKETS_S: [f64; 12] = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 1.0, 10.0];
 const METHODS: [&str; 3] = ["GET", "POST", "OTHER"];
+const CLASSES: [&str; 2] = ["4xx", "5xx"];
 
 #[derive(Default)]
 struct EndpointStats {
+    /// By `METHODS`.
     requests: [AtomicU64; 3],
-    errors_4xx: AtomicU64,
-    errors_5xx: AtomicU64,
+    /// By `CLASSES`.
+    errors: [AtomicU64; 2],
     buckets: [AtomicU64; BUCKETS_S.len()],
     count: AtomicU64,
     sum_ns: AtomicU64,
@@ -31,17 +33,11 @@ impl HttpMetrics {
     /// Records one answered request.
     pub fn record(&self, route: Option<Route>, method: &str, status: u16, elapsed: std::time::Duration) {
         let s = &self.stats[route.map_or(TABLE.len(), |r| r as usize)];
-        let m = match method {
-            "GET" => 0,
-            "POST" => 1,
-            _ => 2,
-        };
+        let m = METHODS[..2].iter().position(|&m| m == method).unwrap_or(2);
         s.requests[m].fetch_add(1, Ordering::Relaxed);
-        match status {
-            400..=499 => s.errors_4xx.fetch_add(1, Ordering::Relaxed),
-            500..=599 => s.errors_5xx.fetch_add(1, Ordering::Relaxed),
-            _ => 0,
-        };
+        if let Some(errors) = s.errors.get(usize::from(status / 100).wrapping_sub(4)) {
+            errors.fetch_add(1, Ordering::Relaxed);
+        }
         let secs = elapsed.as_secs_f64();
         if let Some(i) = BUCKETS_S.iter().position(|&b| secs <= b) {
             s.buckets[i].fetch_add(1, Ordering::Relaxed);
@@ -69,7 +65,7 @@ impl HttpMetrics {
         }
         out.family("dynamo_kvindexer_errors_total", "counter", "HTTP error responses by endpoint and status class.");
         for (s, e) in self.labelled() {
-            for (class, n) in [("4xx", &s.errors_4xx), ("5xx", &s.errors_5xx)] {
+            for (class, n) in CLASSES.iter().zip(&s.errors) {
                 let n = n.load(Ordering::Relaxed);
                 if n > 0 {
                     out.sample("dynamo_kvindexer_errors_total", &[("endpoint", e), ("status_class", class)], n as f64);

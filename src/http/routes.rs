@@ -8,14 +8,13 @@ use super::auth::{AdminToken, CHALLENGE};
 use super::codec::{self, BodyError};
 use super::endpoints::Route;
 use super::metrics::HttpMetrics;
-use super::server::{error_body, Handler, Incoming, Reply, Scratch};
 use crate::dump::{self, DumpEntry};
 use crate::hash::{local_hashes_into, seed_for};
 use crate::ingest::ListenerStatus;
 use crate::metrics::Prom;
 use crate::peers::{PeerAdded, Peers, PEERS_MAX};
 use crate::readiness::Readiness;
-use crate::registry::{RegisterArgs, Registry, RegistryError, TENANT_DEFAULT};
+use crate::registry::{Registry, RegistryError, TENANT_DEFAULT};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +32,63 @@ pub struct Api {
     pub auth_refused: AtomicU64,
     /// The access log `/reopen_logs` reopens, if configured.
     pub access_log: Option<Arc<AccessLog>>,
+}
+
+/// Per-thread buffers a handler may reuse across requests.
+#[derive(Default)]
+pub struct Scratch {
+    pub tokens: Vec<u32>,
+    pub hashes: Vec<u64>,
+    /// The reply's body.
+    pub out: Vec<u8>,
+    /// The model the request named, for the access log (reused buffer).
+    pub(super) model: String,
+    pub(super) has_model: bool,
+}
+
+impl Scratch {
+    /// Notes the model the request named (for the access log).
+    pub fn set_model(&mut self, model: &str) {
+        self.model.clear();
+        self.model.push_str(model);
+        self.has_model = true;
+    }
+}
+
+/// What to send back. The body is in `Scratch::out`.
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    /// An extra header line, without its CRLF (`WWW-Authenticate` with a
+    /// 401, `Allow` with a 405).
+    pub header: Option<String>,
+}
+
+impl Reply {
+    pub const fn json(status: u16) -> Reply {
+        Reply { status, content_type: "application/json", header: None }
+    }
+
+    /// `{"error": message}` as the body (replacing what `out` held), with `status`.
+    pub fn error(out: &mut Vec<u8>, status: u16, message: &str) -> Reply {
+        out.clear();
+        codec::write_error(out, message);
+        Reply::json(status)
+    }
+}
+
+/// What a handler sees of a request.
+pub struct Incoming<'a> {
+    /// The endpoint table's route of `path`, if it has one.
+    pub route: Option<Route>,
+    pub method: &'a str,
+    pub path: &'a str,
+    /// The query string, without `?`.
+    pub query: &'a str,
+    /// Complete and within the body limit.
+    pub body: &'a [u8],
+    /// The `Authorization` header, if any.
+    pub authorization: Option<&'a str>,
 }
 
 /// A refused request: its status and the message of its `{"error": ...}`.
@@ -60,7 +116,7 @@ type Answer = Result<Reply, Refusal>;
 /// `{"status":"ok"}` with `status`.
 fn ok(s: &mut Scratch, status: u16) -> Answer {
     s.out.clear();
-    codec::write_status_ok(&mut s.out);
+    s.out.extend_from_slice(br#"{"status":"ok"}"#);
     Ok(Reply::json(status))
 }
 
@@ -131,14 +187,7 @@ impl Api {
             h.predictions.lookup(&matches, &s.hashes, crate::predict::now_ms())
         };
         s.out.clear();
-        codec::write_query_response_predicted(
-            &mut s.out,
-            &matches,
-            &registered,
-            &predicted,
-            block_size,
-            s.hashes.len(),
-        );
+        codec::write_query_response(&mut s.out, &matches, &registered, &predicted, block_size, s.hashes.len());
         Ok(Reply::json(200))
     }
 
@@ -150,17 +199,9 @@ impl Api {
     }
 
     fn register(&self, body: &[u8], s: &mut Scratch) -> Answer {
-        let r = codec::parse_register(body)?;
-        s.set_model(&r.model_name);
-        self.registry.register(RegisterArgs {
-            instance_id: r.instance_id,
-            dp_rank: r.dp_rank.unwrap_or(0),
-            endpoint: r.endpoint,
-            replay_endpoint: r.replay_endpoint,
-            model_name: r.model_name,
-            tenant_id: r.tenant_id.unwrap_or_else(|| TENANT_DEFAULT.to_string()),
-            block_size: r.block_size,
-        })?;
+        let args = codec::parse_register(body)?;
+        s.set_model(&args.model_name);
+        self.registry.register(args)?;
         ok(s, 201)
     }
 
@@ -221,7 +262,7 @@ impl Api {
     }
 
     fn peer(&self, body: &[u8], s: &mut Scratch, add: bool) -> Answer {
-        let url = codec::parse_peer(body)?.url;
+        let url = codec::parse_peer(body)?;
         if !add {
             if !self.peers.remove(&url) {
                 return Err(Refusal(404, format!("peer {url} is not registered")));
@@ -261,13 +302,8 @@ impl Api {
         let mut p = Prom::default();
         self.metrics.render(&mut p);
         crate::state_metrics::render(&mut p, &self.registry, &self.readiness);
-        let refused = self.auth_refused.load(Ordering::Relaxed) as f64;
-        p.single(
-            "kv_indexer_auth_refused_total",
-            "counter",
-            "Mutating requests refused for a missing or wrong admin token.",
-            refused,
-        );
+        let (help, refused) = ("Mutating requests refused for a missing or wrong admin token.", &self.auth_refused);
+        p.single("kv_indexer_auth_refused_total", "counter", help, refused.load(Ordering::Relaxed) as f64);
         crate::process_metrics::render(&mut p);
         if let Some(log) = &self.access_log {
             let help = "Access log lines dropped because the writer's queue was full.";
@@ -283,14 +319,16 @@ impl Api {
         let spec = route.spec();
         if req.method != spec.method {
             let message = format!("{} takes {}, not {}", req.path, spec.method, req.method);
-            error_body(&mut s.out, &message);
-            return Ok(Reply { header: Some(format!("Allow: {}", spec.method)), ..Reply::json(405) });
+            return Ok(Reply {
+                header: Some(format!("Allow: {}", spec.method)),
+                ..Reply::error(&mut s.out, 405, &message)
+            });
         }
         if let (true, Some(token)) = (spec.mutating, &self.admin_token) {
             if let Err(e) = token.check(req.authorization) {
                 self.auth_refused.fetch_add(1, Ordering::Relaxed);
-                error_body(&mut s.out, e.message());
-                return Ok(Reply { header: Some(format!("WWW-Authenticate: {CHALLENGE}")), ..Reply::json(401) });
+                let header = Some(format!("WWW-Authenticate: {CHALLENGE}"));
+                return Ok(Reply { header, ..Reply::error(&mut s.out, 401, e) });
             }
         }
         let body = req.body;
@@ -319,16 +357,14 @@ fn json(s: &mut Scratch, value: &impl Serialize) -> Answer {
     Ok(Reply::json(200))
 }
 
-impl Handler for Api {
-    fn handle(&self, req: &Incoming<'_>, s: &mut Scratch) -> Reply {
+impl Api {
+    /// Answers a request whose head and body were read, within the limits.
+    pub fn handle(&self, req: &Incoming<'_>, s: &mut Scratch) -> Reply {
         let answer = match req.route {
             Some(route) => self.answer(req, route, s),
             None => Err(Refusal(404, format!("no endpoint {}", req.path))),
         };
-        answer.unwrap_or_else(|Refusal(status, message)| {
-            error_body(&mut s.out, &message);
-            Reply::json(status)
-        })
+        answer.unwrap_or_else(|Refusal(status, message)| Reply::error(&mut s.out, status, &message))
     }
 }
 

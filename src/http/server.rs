@@ -3,7 +3,7 @@
 //! One accept thread per socket; each connection gets its own thread and a
 //! slot (up to `--http-connections-max`, past which a new connection is
 //! answered 503 and closed; `slots.rs`), which reads requests in turn
-//! (keep-alive; `conn.rs`), hands each to the `Handler`, and writes the
+//! (keep-alive; `conn.rs`), hands each to the `Api`, and writes the
 //! reply in one write. Time bounds every connection: it waits for a request
 //! at most `IDLE_TIMEOUT_MS` (a new one at most the head timeout), a request
 //! head must arrive within `--http-head-timeout-s` of its first byte and its
@@ -12,10 +12,10 @@
 //! buffers, so a hot request allocates nothing once warm. A panic in a
 //! handler becomes a 500 and is logged.
 
-use super::access_log::{AccessLog, Record};
+use super::access_log::Record;
 use super::conn::{Conn, Head, ReadError, Socket};
 use super::endpoints::{self, Route};
-use super::metrics::HttpMetrics;
+use super::routes::{Api, Incoming, Reply, Scratch};
 use super::slots::Slots;
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
@@ -63,66 +63,9 @@ impl Default for HttpLimits {
     }
 }
 
-/// Per-thread buffers a handler may reuse across requests.
-#[derive(Default)]
-pub struct Scratch {
-    pub tokens: Vec<u32>,
-    pub hashes: Vec<u64>,
-    /// The reply's body.
-    pub out: Vec<u8>,
-    /// The model the request named, for the access log (reused buffer).
-    model: String,
-    has_model: bool,
-}
-
-impl Scratch {
-    /// Notes the model the request named (for the access log).
-    pub fn set_model(&mut self, model: &str) {
-        self.model.clear();
-        self.model.push_str(model);
-        self.has_model = true;
-    }
-}
-
-/// What to send back. The body is in `Scratch::out`.
-pub struct Reply {
-    pub status: u16,
-    pub content_type: &'static str,
-    /// An extra header line, without its CRLF (`WWW-Authenticate` with a
-    /// 401, `Allow` with a 405).
-    pub header: Option<String>,
-}
-
-impl Reply {
-    pub const fn json(status: u16) -> Reply {
-        Reply { status, content_type: "application/json", header: None }
-    }
-}
-
-/// What a handler sees of a request.
-pub struct Incoming<'a> {
-    /// The endpoint table's route of `path`, if it has one.
-    pub route: Option<Route>,
-    pub method: &'a str,
-    pub path: &'a str,
-    /// The query string, without `?`.
-    pub query: &'a str,
-    /// Complete and within the body limit.
-    pub body: &'a [u8],
-    /// The `Authorization` header, if any.
-    pub authorization: Option<&'a str>,
-}
-
-/// Routes a request.
-pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, req: &Incoming<'_>, scratch: &mut Scratch) -> Reply;
-}
-
 /// What connection threads share.
 struct Shared {
-    handler: Arc<dyn Handler>,
-    metrics: Arc<HttpMetrics>,
-    access_log: Option<Arc<AccessLog>>,
+    api: Arc<Api>,
     limits: HttpLimits,
     stop: AtomicBool,
     slots: Arc<Slots>,
@@ -135,12 +78,6 @@ pub struct HttpServer {
     tcp_addr: std::net::SocketAddr,
     unix_path: Option<PathBuf>,
     pub local_port: Option<u16>,
-}
-
-/// Writes `{"error": message}` into `out`.
-pub fn error_body(out: &mut Vec<u8>, message: &str) {
-    out.clear();
-    super::codec::write_error(out, message);
 }
 
 fn reason(status: u16) -> &'static str {
@@ -182,9 +119,7 @@ impl HttpServer {
         port: u16,
         unix_socket: Option<&Path>,
         limits: HttpLimits,
-        handler: Arc<dyn Handler>,
-        metrics: Arc<HttpMetrics>,
-        access_log: Option<Arc<AccessLog>>,
+        api: Arc<Api>,
     ) -> Result<HttpServer, String> {
         let addr = if host.contains(':') && !host.starts_with('[') {
             format!("[{host}]:{port}")
@@ -195,7 +130,7 @@ impl HttpServer {
         let tcp = TcpListener::bind(&addr).map_err(cannot)?;
         let tcp_addr = tcp.local_addr().map_err(cannot)?;
         let slots = Slots::new(limits.connections_max);
-        let s = Arc::new(Shared { handler, metrics, access_log, limits, stop: AtomicBool::new(false), slots });
+        let s = Arc::new(Shared { api, limits, stop: AtomicBool::new(false), slots });
         let s2 = s.clone();
         let mut accepters = vec![spawn("http-accept", move || {
             accept(&s2, tcp.incoming(), |c: &TcpStream| {
@@ -269,8 +204,8 @@ fn accept<S: Socket + 'static>(
 fn admit<S: Socket + 'static>(s: &Arc<Shared>, mut conn: S, watch: S) {
     let Some(slot) = s.slots.take() else {
         let mut out = Vec::new();
-        error_body(&mut out, "too many open connections; retry later");
-        write_reply(&mut conn, &Reply::json(503), out.len(), &out, true, &mut Vec::new());
+        let reply = Reply::error(&mut out, 503, "too many open connections; retry later");
+        write_reply(&mut conn, &reply, out.len(), &out, true, &mut Vec::new());
         return;
     };
     slot.watch(Box::new(watch));
@@ -296,7 +231,7 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
     let mut head_buf = Vec::new();
     // A new connection must start its first request within the head timeout.
     let mut first_byte = head_timeout;
-    let trace_header = s.access_log.as_ref().map(|l| l.trace_id_header());
+    let trace_header = s.api.access_log.as_ref().map(|l| l.trace_id_header());
     while !s.stop.load(Ordering::Relaxed) {
         let mut head = match conn.read_head(first_byte, head_timeout, trace_header) {
             Ok(h) => h,
@@ -308,7 +243,7 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
         };
         first_byte = idle;
         let started = Instant::now();
-        let wall = s.access_log.as_ref().map(|_| SystemTime::now());
+        let wall = s.api.access_log.as_ref().map(|_| SystemTime::now());
         scratch.has_model = false;
         let target = std::mem::take(&mut head.target);
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
@@ -324,12 +259,11 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
         };
         let authorization = head.authorization.as_deref();
         let incoming = Incoming { route, method: &head.method, path, query, body, authorization };
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.handler.handle(&incoming, &mut scratch)));
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.api.handle(&incoming, &mut scratch)));
         let reply = run.unwrap_or_else(|_| {
             crate::error!("internal error handling {} {path}; the request was refused", head.method);
             scratch = Scratch::default();
-            error_body(&mut scratch.out, "internal error");
-            Reply::json(500)
+            Reply::error(&mut scratch.out, 500, "internal error")
         });
         let close = head.close || s.stop.load(Ordering::Relaxed);
         // A reply to HEAD announces its body's length but sends none.
@@ -356,8 +290,8 @@ fn finish(
     status: u16,
     started: Instant,
 ) {
-    s.metrics.record(route, &head.method, status, started.elapsed());
-    let (Some(log), Some(at)) = (&s.access_log, wall) else { return };
+    s.api.metrics.record(route, &head.method, status, started.elapsed());
+    let (Some(log), Some(at)) = (&s.api.access_log, wall) else { return };
     log.record(Record {
         at,
         trace_id: head.trace_id.take(),
@@ -383,7 +317,7 @@ fn refuse(w: &mut dyn Write, e: &ReadError, scratch: &mut Scratch, head_buf: &mu
         ),
         ReadError::Closed | ReadError::Io(_) => return 0,
     };
-    error_body(&mut scratch.out, &message);
-    write_reply(w, &Reply::json(status), scratch.out.len(), &scratch.out, true, head_buf);
+    let reply = Reply::error(&mut scratch.out, status, &message);
+    write_reply(w, &reply, scratch.out.len(), &scratch.out, true, head_buf);
     status
 }

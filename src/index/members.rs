@@ -75,8 +75,8 @@ pub(crate) enum Change {
     Replace(Option<Box<Members>>),
 }
 
-/// Merges equal neighbours. Segments past the run's end are kept: they say
-/// nobody holds blocks a reader with an older, longer length may still see.
+/// Merges equal neighbours. Segments past the run's end are kept as they
+/// are; `prepare_append` clears them before blocks appear there.
 fn normalize(segs: &mut Vec<(u32, u64)>) {
     segs.dedup_by(|later, earlier| later.1 == earlier.1);
 }

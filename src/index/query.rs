@@ -313,12 +313,13 @@ where
             });
         }
         // A slot given to another worker while the query ran may hold that
-        // worker's bits: answer for slots that still name the same worker.
-        // Only a new slot table can say otherwise (the old one stays alive
-        // while the query is pinned, so its address is not reused).
+        // worker's bits: answer for slots whose worker was not placed anew
+        // (the slot may have gone to another and back). Only a new slot
+        // table can say so (the old one stays alive while the query is
+        // pinned, so its address is not reused).
         shared.slots.read(&guard, |now: &SlotTable| {
             if !std::ptr::eq(now, table) {
-                out.retain(|m| table.slot_of(m.worker).is_some_and(|(g, b)| now.worker(g, b) == Some(m.worker)));
+                out.retain(|m| now.kept_since(table, m.worker));
             }
         });
         out

@@ -46,11 +46,36 @@ impl Bucket {
     /// Slots holding `key` (at most one), as a bit mask.
     #[inline]
     fn matches(&self, key: u64) -> u32 {
-        let mut m = 0u32;
-        for s in 0..SLOTS {
-            m |= ((self.keys[s] == key) as u32) << s;
+        self.equal_slots(key) & ((1u32 << self.len) - 1)
+    }
+
+    /// Slots whose key equals `key`, used or not: two at a time with SSE2
+    /// (every x86-64 has it), which compares 32-bit halves, so a slot
+    /// matches where both of its halves do.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn equal_slots(&self, key: u64) -> u32 {
+        use std::arch::x86_64::*;
+        const _: () = assert!(SLOTS % 2 == 0);
+        // SAFETY: SSE2 is part of x86-64; `keys` starts the 64-byte-aligned
+        // bucket, so every pair of keys is a 16-byte-aligned load inside it.
+        unsafe {
+            let k = _mm_set1_epi64x(key as i64);
+            let mut m = 0u32;
+            for pair in 0..SLOTS / 2 {
+                let v = _mm_load_si128(self.keys.as_ptr().add(2 * pair) as *const __m128i);
+                let e = _mm_cmpeq_epi32(v, k);
+                let both = _mm_and_si128(e, _mm_shuffle_epi32::<0b10_11_00_01>(e));
+                m |= (_mm_movemask_pd(_mm_castsi128_pd(both)) as u32) << (2 * pair);
+            }
+            m
         }
-        m & ((1u32 << self.len) - 1)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    #[inline]
+    fn equal_slots(&self, key: u64) -> u32 {
+        (0..SLOTS).fold(0, |m, s| m | ((self.keys[s] == key) as u32) << s)
     }
 
     #[inline]
@@ -95,6 +120,15 @@ fn mix(key: u64) -> u64 {
 #[inline]
 fn reduce(h: u64, n: usize) -> usize {
     ((h as u128 * n as u128) >> 64) as usize
+}
+
+/// A key's two buckets in a table of `n` buckets, worked out ahead of use
+/// (`prefetch`); a table of another size works them out again.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Homes {
+    a: u32,
+    b: u32,
+    n: u32,
 }
 
 /// Where a key was put: valid until the table next moves keys.
@@ -143,11 +177,13 @@ impl Records {
         (a, b)
     }
 
-    /// Asks the cache for `key`'s buckets ahead of a `get` or `remove`.
+    /// Asks the cache for `key`'s buckets ahead of a `claim` or `remove`,
+    /// and says which they are, so that the claim or remove need not work
+    /// them out again.
     #[inline]
-    pub(crate) fn prefetch(&self, key: u64) {
+    pub(crate) fn prefetch(&self, key: u64) -> Homes {
         if self.buckets.is_empty() {
-            return;
+            return Homes::default();
         }
         let (a, b) = self.homes(key);
         for bi in [a, b] {
@@ -156,6 +192,17 @@ impl Records {
             // A bucket is two cache lines; this is its second.
             prefetch(p.wrapping_add(64));
         }
+        Homes { a: a as u32, b: b as u32, n: self.buckets.len() as u32 }
+    }
+
+    /// `key`'s buckets: `ahead` if the table has kept its size since.
+    #[inline]
+    fn homes_now(&self, key: u64, ahead: Homes) -> (usize, usize) {
+        if ahead.n as usize == self.buckets.len() && ahead.n > 0 {
+            (ahead.a as usize, ahead.b as usize)
+        } else {
+            self.homes(key)
+        }
     }
 
     #[inline]
@@ -163,7 +210,11 @@ impl Records {
         if self.len == 0 {
             return None;
         }
-        let (a, b) = self.homes(key);
+        self.position_in(key, self.homes(key))
+    }
+
+    #[inline]
+    fn position_in(&self, key: u64, (a, b): (usize, usize)) -> Option<(usize, usize)> {
         for bi in [a, b] {
             let m = self.buckets[bi].matches(key);
             if m != 0 {
@@ -184,22 +235,27 @@ impl Records {
         if let Some((b, s)) = self.position(key) {
             return Some(std::mem::replace(&mut self.buckets[b].ids[s], id));
         }
-        self.insert_new_at(key, id);
+        self.insert_new_at(key, id, None);
         None
     }
 
     /// Adds `key`, which the caller knows is absent; returns where it went.
-    fn insert_new_at(&mut self, key: u64, id: u32) -> Spot {
+    /// `homes` are its buckets if the caller has them at hand.
+    fn insert_new_at(&mut self, key: u64, id: u32, homes: Option<(usize, usize)>) -> Spot {
         debug_assert!(self.position(key).is_none());
-        if (self.len + 1) * 100 > self.buckets.len() * SLOTS * LOAD_MAX_PERCENT {
+        let moved = if (self.len + 1) * 100 > self.buckets.len() * SLOTS * LOAD_MAX_PERCENT {
             let grown = self.buckets.len() * GROW_PERCENT / 100;
             self.rebuild(grown.max(Self::buckets_for(self.len + 1, 80)));
+            true
         } else {
-            self.settle();
-        }
+            self.settle()
+        };
         self.len += 1;
         self.peak = self.peak.max(self.len);
-        let (a, b) = self.homes(key);
+        let (a, b) = match homes {
+            Some(h) if !moved => h,
+            _ => self.homes(key),
+        };
         // The emptier bucket: balanced buckets rarely both fill, so walks stay rare.
         let bi = if self.buckets[a].len <= self.buckets[b].len { a } else { b };
         if !self.buckets[bi].full() {
@@ -220,12 +276,13 @@ impl Records {
     /// (`CLAIMED` if an earlier block of the same store claimed it); either
     /// way it names `CLAIMED` from now on (a key new to the table is added),
     /// and `set` gives it its id once the store knows its block.
-    pub(crate) fn claim(&mut self, key: u64) -> (Option<u32>, Spot) {
-        if let Some((b, s)) = self.position(key) {
+    pub(crate) fn claim(&mut self, key: u64, ahead: Homes) -> (Option<u32>, Spot) {
+        let homes = (self.len > 0).then(|| self.homes_now(key, ahead));
+        if let Some((b, s)) = homes.and_then(|h| self.position_in(key, h)) {
             let old = std::mem::replace(&mut self.buckets[b].ids[s], CLAIMED);
             return (Some(old), Spot { bucket: b as u32, slot: s as u32 });
         }
-        (None, self.insert_new_at(key, CLAIMED))
+        (None, self.insert_new_at(key, CLAIMED, homes))
     }
 
     /// Sets `key`, which is in the table, to `id`; `spot` is where `claim`
@@ -282,7 +339,15 @@ impl Records {
 
     /// Removes `key`, returning its id.
     pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
-        let (b, s) = self.position(key)?;
+        self.remove_ahead(key, Homes::default())
+    }
+
+    /// Removes `key`, whose buckets `prefetch` said, returning its id.
+    pub(crate) fn remove_ahead(&mut self, key: u64, ahead: Homes) -> Option<u32> {
+        if self.len == 0 {
+            return None;
+        }
+        let (b, s) = self.position_in(key, self.homes_now(key, ahead))?;
         let bucket = &mut self.buckets[b];
         let id = bucket.ids[s];
         let last = bucket.len as usize - 1;
@@ -301,13 +366,16 @@ impl Records {
     }
 
     /// Packs a table once it has settled (seen as many changes as it holds
-    /// keys since its last rebuild) if even its peak leaves it loose.
+    /// keys since its last rebuild) if even its peak leaves it loose; true if
+    /// it was (keys moved).
     #[inline]
-    fn settle(&mut self) {
+    fn settle(&mut self) -> bool {
         self.churn += 1;
-        if self.churn > self.len.max(1024) && self.peak * 100 < self.buckets.len() * SLOTS * LOOSE_PERCENT {
+        let pack = self.churn > self.len.max(1024) && self.peak * 100 < self.buckets.len() * SLOTS * LOOSE_PERCENT;
+        if pack {
             self.rebuild(Self::buckets_for(self.peak, PACK_PERCENT));
         }
+        pack
     }
 
     /// Buckets that hold `len` keys at `load_percent`.
@@ -393,7 +461,7 @@ mod tests {
         let key = |k: u64| k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7;
         // Claimed in one batch, set after: the table grows (and moves every
         // key) many times in between.
-        let claims: Vec<_> = (0..20_000u64).map(|k| r.claim(key(k))).collect();
+        let claims: Vec<_> = (0..20_000u64).map(|k| r.claim(key(k), Homes::default())).collect();
         assert!(claims.iter().all(|(old, _)| old.is_none()));
         for (k, (_, spot)) in claims.iter().enumerate() {
             r.set(key(k as u64), *spot, k as u32 + 1);
@@ -402,7 +470,7 @@ mod tests {
             assert_eq!(r.get(key(k)), Some(k as u32 + 1));
         }
         // A claim of a key present says what it names and adds nothing.
-        let (old, spot) = r.claim(key(5));
+        let (old, spot) = r.claim(key(5), Homes::default());
         assert_eq!(old, Some(6));
         r.set(key(5), spot, 99);
         assert_eq!((r.get(key(5)), r.len()), (Some(99), 20_000));

@@ -45,6 +45,9 @@ pub(crate) struct SlotTable {
     pub live: Vec<u64>,
     /// Per group, the slots' versions (shared with the writer).
     pub versions: Vec<Arc<Versions>>,
+    /// Per slot, when its worker was placed there: a slot that names the
+    /// same worker in two tables held it all along only if this is equal.
+    pub placed: Vec<u64>,
 }
 
 impl SlotTable {
@@ -54,6 +57,14 @@ impl SlotTable {
 
     pub(crate) fn worker(&self, group: usize, bit: u32) -> Option<WorkerId> {
         self.workers.get(group * GROUP_BITS as usize + bit as usize).copied().flatten()
+    }
+
+    /// Whether `worker` has held the same slot from table `earlier` to this one.
+    pub(crate) fn kept_since(&self, earlier: &SlotTable, worker: WorkerId) -> bool {
+        earlier.slot_of(worker).is_some_and(|(g, b)| {
+            let s = g * GROUP_BITS as usize + b as usize;
+            self.worker(g, b) == Some(worker) && self.placed.get(s) == earlier.placed.get(s)
+        })
     }
 
     /// The (group, bit) of `worker`'s slot: a scan, for rare checks.

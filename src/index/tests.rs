@@ -292,3 +292,45 @@ fn an_event_naming_a_hash_twice_is_stored_as_if_cut_before_the_repeat() {
         whole.check_consistency();
     }
 }
+
+/// The members of the device tier of the index's only run.
+fn only_run_members(ix: &Index) -> *const members::Members {
+    let tree = ix.tree.lock();
+    let runs: Vec<u32> = tree.live_runs().collect();
+    assert_eq!(runs.len(), 1, "one run");
+    ix.shared.runs.at(runs[0]).members[0].load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn decode_steps_and_tail_evictions_make_no_new_structure() {
+    let ix = index();
+    let local = |i: u64| 1000 + i;
+    let (one, two) = (w(1), w(2));
+    let prefill: Vec<(u64, u64)> = (1..=8).map(|i| (i, local(i))).collect();
+    ix.apply(&Event::stored(one, DEV, None, blocks(&prefill)));
+    // Another worker holds the first half of the same prefix.
+    let half: Vec<(u64, u64)> = (1..=4).map(|i| (50 + i, local(i))).collect();
+    ix.apply(&Event::stored(two, DEV, None, blocks(&half)));
+    let members = only_run_members(&ix);
+    // Decoding: one block an event, each extending the run.
+    for i in 9..=40 {
+        ix.apply(&Event::stored(one, DEV, Some(i - 1), blocks(&[(i, local(i))])));
+        assert_eq!(only_run_members(&ix), members, "decode step {i} kept the members");
+    }
+    // Evicting from the end, one block an event.
+    for i in (20..=40).rev() {
+        ix.apply(&Event::removed(one, DEV, vec![i]));
+        assert_eq!(only_run_members(&ix), members, "eviction of {i} kept the members");
+    }
+    let query: Vec<u64> = (1..=40).map(local).collect();
+    let m = ix.find_matches(&query);
+    assert_eq!((dev(&m, one), dev(&m, two)), (19, 4));
+    assert_eq!(ix.stats().entries, 19, "the evicted blocks are gone");
+    // The bits left past the end never come back: another worker extends
+    // the run with the same content, and the first worker is not credited.
+    let rest: Vec<(u64, u64)> = (5..=24).map(|i| (50 + i, local(i))).collect();
+    ix.apply(&Event::stored(two, DEV, Some(54), blocks(&rest)));
+    let m = ix.find_matches(&query);
+    assert_eq!((dev(&m, one), dev(&m, two)), (19, 24));
+    ix.check_consistency();
+}

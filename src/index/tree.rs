@@ -10,9 +10,10 @@
 //! Reclaiming: a run keeps its blocks up to the last one anybody holds or
 //! a child run hangs under; blocks past that are cut at once (and their
 //! chunks freed), and a run with no block held and no child goes, then its
-//! parent run is looked at the same way. Members keep a segment of nobody
-//! from the cut on, so a reader that still sees the old length credits
-//! nobody with the cut blocks.
+//! parent run is looked at the same way. A tail cut by the only worker
+//! holding it changes nothing but the length: that worker's bits stay past
+//! the end until an append clears them, and a reader that took the old
+//! length sees the run's cut count move and walks again.
 
 use super::blocks::{ChunkAlloc, ChunkOwner, ChunkPages, CHUNK_BLOCKS, NIL};
 use super::budget::Budget;
@@ -50,6 +51,14 @@ struct RunInfo {
     /// Runs hanging under this run's blocks: (offset of the block, run).
     children: Vec<(u32, u32)>,
     live: bool,
+}
+
+/// A block and where it is: its run and offset there.
+#[derive(Clone, Copy)]
+pub(crate) struct Place {
+    pub id: u32,
+    pub run: u32,
+    pub off: u32,
 }
 
 /// Who a new block is for: tier, group, bit.
@@ -143,6 +152,17 @@ impl Tree {
         chunk * CHUNK_BLOCKS as u32 + offset % CHUNK_BLOCKS as u32
     }
 
+    /// The id of the block after `p` in its run (which has one): the next
+    /// slot of the same chunk, unless `p` ends its chunk.
+    #[inline]
+    pub(crate) fn after(&self, shared: &Shared, p: Place) -> u32 {
+        if (p.off + 1) as usize % CHUNK_BLOCKS != 0 {
+            p.id + 1
+        } else {
+            self.block_at(shared, p.run, p.off + 1)
+        }
+    }
+
     /// The parent block of `id` (NIL at position 0).
     pub(crate) fn parent_of(&self, shared: &Shared, id: u32) -> u32 {
         let (run, off) = self.locate(id);
@@ -159,14 +179,21 @@ impl Tree {
         unsafe { self.header(shared, run).members[tier].load(Ordering::Relaxed).as_ref() }
     }
 
-    /// The existing block with `chain` at `pos` under `parent`, if any.
-    pub(crate) fn next(&self, shared: &Shared, parent: u32, pos: u32, chain: u64) -> Option<u32> {
-        if parent != NIL {
-            let (run, off) = self.locate(parent);
-            if off + 1 < self.len(shared, run) {
-                let id = self.block_at(shared, run, off + 1);
+    /// Where block `id` is.
+    #[inline]
+    pub(crate) fn place(&self, id: u32) -> Place {
+        let (run, off) = self.locate(id);
+        Place { id, run, off }
+    }
+
+    /// The existing block with `chain` at `pos` under `parent` (None: at
+    /// position 0), if any.
+    pub(crate) fn next(&self, shared: &Shared, parent: Option<Place>, pos: u32, chain: u64) -> Option<Place> {
+        if let Some(p) = parent {
+            if p.off + 1 < self.len(shared, p.run) {
+                let id = self.after(shared, p);
                 if self.chain(shared, id) == chain {
-                    return Some(id);
+                    return Some(Place { id, run: p.run, off: p.off + 1 });
                 }
             }
         }
@@ -174,9 +201,9 @@ impl Tree {
         let run = shared.starts.get(chain, unsafe { epoch::unprotected() })?;
         let ok = (run as usize) < self.info.len()
             && self.info[run as usize].live
-            && self.info[run as usize].parent == parent
+            && self.info[run as usize].parent == parent.map_or(NIL, |p| p.id)
             && self.start(shared, run) == pos;
-        ok.then(|| self.block_at(shared, run, 0))
+        ok.then(|| Place { id: self.block_at(shared, run, 0), run, off: 0 })
     }
 
     /// Whether a run already starts with `chain` (then a new run cannot).
@@ -202,16 +229,17 @@ impl Tree {
     /// Sets or clears the holder's bit over `a..b` of `run` in its tier.
     pub(crate) fn mark(&mut self, shared: &Shared, run: u32, who: Holder, a: u32, b: u32, on: bool) {
         let len = self.len(shared, run);
-        let cut = !on && a > 0 && b == len && self.tail_is_only(shared, run, who, a);
+        if !on && a > 0 && b == len && self.tail_is_only(shared, run, who, a) {
+            // The worker let go of a tail nobody else holds (an engine
+            // evicting the end of a sequence): the run ends before it, and
+            // nothing else changes. Its bits stay past the end, where no
+            // reader of the new length looks, and an append clears them
+            // before it makes a block there visible (`prepare_append`).
+            self.cut(shared, run, a);
+            return;
+        }
         let change = members::update(self.members(shared, run, who.tier), who.group, a, b, len, who.bit, on);
         self.set_members(shared, run, who.tier, change);
-        if cut {
-            // The worker let go of a tail nobody else holds (an engine
-            // evicting the end of a sequence): the run ends before it. Its
-            // bits went first, so no bit is ever left past a run's end for a
-            // later append to bring back into sight.
-            self.cut(shared, run, a);
-        }
     }
 
     /// Whether blocks `from..` of `run` are held by `who` alone (in any tier)
@@ -267,6 +295,9 @@ impl Tree {
                 list.ids[have + k].store(c, Ordering::Release);
             }
         }
+        // A reader that reads one of these chains also sees every cut before
+        // them (the chunks may have been cut from this or another run).
+        std::sync::atomic::fence(Ordering::Release);
         for (k, &chain) in chains.iter().enumerate() {
             let id = self.block_at(shared, run, len + k as u32);
             shared.chunks.at(id / CHUNK_BLOCKS as u32).set(id as usize % CHUNK_BLOCKS, chain);
@@ -328,6 +359,8 @@ impl Tree {
                 }
             }
         }
+        // As in `append`: a reader of these chains sees the cuts before them.
+        std::sync::atomic::fence(Ordering::Release);
         for (k, &chain) in chains.iter().enumerate() {
             shared.chunks.at(ids[k / CHUNK_BLOCKS]).set(k % CHUNK_BLOCKS, chain);
         }
@@ -382,12 +415,14 @@ impl Tree {
     fn cut(&mut self, shared: &Shared, run: u32, keep: u32) {
         let h = self.header(shared, run);
         let len = h.len.load(Ordering::Relaxed);
-        // Nobody holds a block past `keep`, and the members say so past the
-        // end too. A reader that took the old length may still take members
-        // changed after this cut (whose last segment runs past `keep`), so
-        // it checks `cuts` once done with the run and looks again.
-        h.cuts.fetch_add(1, Ordering::AcqRel);
+        // Nobody holds a block past `keep` any more, though the members may
+        // still say so there. A reader that took the old length may take
+        // them, or members and chains changed after this cut, so it checks
+        // `cuts` once done with the run and looks again. The count moves
+        // after the length: a reader that sees the new count (it loads the
+        // count first) also sees the new length.
         h.len.store(keep, Ordering::Release);
+        h.cuts.fetch_add(1, Ordering::AcqRel);
         // SAFETY: writer only.
         let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
         for index in (keep as usize).div_ceil(CHUNK_BLOCKS)..(len as usize).div_ceil(CHUNK_BLOCKS) {
@@ -403,8 +438,8 @@ impl Tree {
         let h = self.header(shared, run);
         let len = h.len.load(Ordering::Relaxed);
         let first = self.chain(shared, self.block_at(shared, run, 0));
-        h.cuts.fetch_add(1, Ordering::AcqRel);
         h.len.store(0, Ordering::Release);
+        h.cuts.fetch_add(1, Ordering::AcqRel);
         let removed = shared.starts.remove(first);
         debug_assert!(removed, "run {run} was listed by its first chain");
         let list = h.chunks.swap(std::ptr::null_mut(), Ordering::AcqRel);

@@ -76,6 +76,9 @@ pub(crate) struct Workers {
     cells: Vec<Cell>,
     free_slots: BTreeSet<u32>,
     versions: Vec<Arc<Versions>>,
+    /// Per slot, when its worker was placed there (a count of placements).
+    placed: Vec<u64>,
+    placements: u64,
 }
 
 impl Workers {
@@ -104,6 +107,9 @@ impl Workers {
         while self.versions.len() * (GROUP_BITS as usize) < self.cells.len() {
             self.versions.push(Arc::new(Versions::new()));
         }
+        self.placements += 1;
+        self.placed.resize(self.cells.len(), 0);
+        self.placed[slot as usize] = self.placements;
         *self.cells[slot as usize].lock() = Some(WorkerState {
             id: worker,
             slot,
@@ -127,6 +133,7 @@ impl Workers {
             self.free_slots.remove(&last);
             self.cells.pop();
         }
+        self.placed.truncate(self.cells.len());
         if self.cells.len() * 4 < self.cells.capacity() {
             self.cells.shrink_to_fit();
         }
@@ -141,7 +148,9 @@ impl Workers {
             workers: vec![None; groups * GROUP_BITS as usize],
             live: vec![0; groups],
             versions: self.versions[..groups].to_vec(),
+            placed: vec![0; groups * GROUP_BITS as usize],
         };
+        table.placed[..self.placed.len()].copy_from_slice(&self.placed);
         for (&id, &slot) in &self.slot_of {
             table.workers[slot as usize] = Some(id);
             table.live[(slot / GROUP_BITS) as usize] |= 1 << (slot % GROUP_BITS);
@@ -167,5 +176,37 @@ impl Workers {
 
     pub(crate) fn bytes(&self) -> usize {
         self.cells.capacity() * 8 + self.slot_of.capacity() * 24 + self.versions.len() * std::mem::size_of::<Versions>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot that went to another worker and came back still tells a
+    /// reader holding the first table that its worker was placed anew.
+    #[test]
+    fn a_slot_placed_again_is_not_kept() {
+        let slots = PublishedSlots::new();
+        let mut workers = Workers::default();
+        let (a, b) = (WorkerId::new(1, 0), WorkerId::new(2, 0));
+        let guard = crossbeam::epoch::pin();
+        let table_of = |slots: &PublishedSlots| slots.read(&guard, |t| t.clone());
+        workers.place(&slots, a).expect("room");
+        let first = table_of(&slots);
+        workers.place(&slots, b).expect("room");
+        assert!(table_of(&slots).kept_since(&first, a), "a kept its slot while b came");
+        for w in [a, b] {
+            *workers.lookup(w).expect("placed").cell.lock() = None;
+            workers.release(&slots, w);
+        }
+        workers.place(&slots, b).expect("room");
+        *workers.lookup(b).expect("placed").cell.lock() = None;
+        workers.release(&slots, b);
+        workers.place(&slots, a).expect("room");
+        let now = table_of(&slots);
+        assert_eq!(now.slot_of(a), first.slot_of(a), "a is back in its old slot");
+        assert!(!now.kept_since(&first, a), "but was placed there anew");
+        assert!(!now.kept_since(&first, b), "b is gone");
     }
 }

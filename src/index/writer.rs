@@ -20,8 +20,8 @@
 
 use super::blocks::NIL;
 use super::chain;
-use super::records::{Spot, CLAIMED};
-use super::tree::{Holder, Shared, Tree};
+use super::records::{Homes, Spot, CLAIMED};
+use super::tree::{Holder, Place, Shared, Tree};
 use super::workers::{Changing, WorkerState};
 use super::ApplyOutcome;
 use crate::event::{StorageTier, StoredBlock};
@@ -78,19 +78,55 @@ impl Marks {
     /// Adds block `id`; returns its run.
     fn add(&mut self, tree: &mut Tree, shared: &Shared, id: u32) -> u32 {
         let (run, off) = tree.locate(id);
+        self.add_at(tree, shared, run, off);
+        run
+    }
+
+    /// Adds the block at `off` of `run`.
+    fn add_at(&mut self, tree: &mut Tree, shared: &Shared, run: u32, off: u32) {
         if let Some(r) = &mut self.range {
             if r.run == run && r.b == off {
                 r.b += 1;
-                return run;
+                return;
             }
             if r.run == run && off + 1 == r.a {
                 r.a -= 1;
-                return run;
+                return;
             }
         }
         self.flush(tree, shared);
         self.range = Some(Range { run, a: off, b: off + 1 });
-        run
+    }
+}
+
+/// A stretch of one run over which the worker's bit is the same: whether a
+/// store that follows existing blocks finds them held already (aliases)
+/// without searching the members block by block. Valid while the store only
+/// goes forward setting bits; anything that clears some drops it.
+struct Held {
+    run: u32,
+    from: u32,
+    to: u32,
+    held: bool,
+}
+
+impl Held {
+    fn at(cache: &mut Option<Held>, tree: &Tree, shared: &Shared, who: Holder, p: Place) -> bool {
+        if let Some(h) = cache {
+            if h.run == p.run && (h.from..h.to).contains(&p.off) {
+                return h.held;
+            }
+        }
+        let len = tree.len(shared, p.run);
+        let (from, to, held) = match tree.members(shared, p.run, who.tier).and_then(|m| m.group(who.group)) {
+            None => (0, len, false),
+            Some(g) => {
+                let i = g.find(p.off);
+                (g.start(i), g.end(i, len), g.bits(i) & who.bit != 0)
+            }
+        };
+        *cache = Some(Held { run: p.run, from, to, held });
+        held
     }
 }
 
@@ -248,16 +284,18 @@ fn store_part(
     // gets its block once the tree says which; a hash found claimed already
     // was named earlier in this event.
     let records = &mut st.records[tier];
-    for b in blocks.iter().take(PREFETCH_AHEAD) {
-        records.prefetch(b.engine_hash);
+    let mut ahead = [Homes::default(); PREFETCH_AHEAD];
+    for (h, b) in ahead.iter_mut().zip(blocks) {
+        *h = records.prefetch(b.engine_hash);
     }
     let mut previous: Vec<u32> = Vec::with_capacity(blocks.len());
     let mut spots: Vec<Spot> = Vec::with_capacity(blocks.len());
     for (k, b) in blocks.iter().enumerate() {
+        let homes = ahead[k % PREFETCH_AHEAD];
         if let Some(next) = blocks.get(k + PREFETCH_AHEAD) {
-            records.prefetch(next.engine_hash);
+            ahead[k % PREFETCH_AHEAD] = records.prefetch(next.engine_hash);
         }
-        let (old, spot) = records.claim(b.engine_hash);
+        let (old, spot) = records.claim(b.engine_hash, homes);
         if old == Some(CLAIMED) {
             // Claimed by a block before it in this event: the engine named
             // one hash twice. The part ends here; the rest is stored after
@@ -283,9 +321,10 @@ fn store_part(
         let mut changing: Option<Changing> = None;
         let mut piece_end = PIECE_BLOCKS;
         let (mut cur, mut pos, mut pchain) = match parent_id {
-            None => (NIL, 0u32, None),
-            Some(p) => (p, guard.position(shared, p) + 1, Some(guard.chain(shared, p))),
+            None => (None, 0u32, None),
+            Some(p) => (Some(guard.place(p)), guard.position(shared, p) + 1, Some(guard.chain(shared, p))),
         };
+        let mut held: Option<Held> = None;
         let mut marks = Marks::new(holder, true);
         let mut credit = Credit { shared, left: 0 };
         while ids.len() < blocks.len() {
@@ -312,10 +351,10 @@ fn store_part(
             if old != NIL && tree.chain(shared, old) == chain && tree.position(shared, old) == pos {
                 out.duplicate += 1;
                 ids.push(old);
-                (cur, pchain, pos) = (old, Some(chain), pos + 1);
+                (cur, pchain, pos) = (Some(tree.place(old)), Some(chain), pos + 1);
                 continue;
             }
-            let Some(id) = tree.next(shared, cur, pos, chain) else {
+            let Some(at) = tree.next(shared, cur, pos, chain) else {
                 // From here on nothing exists: create the rest of the piece in one go.
                 marks.flush(tree, shared);
                 let n = (piece_end - k).min(blocks.len() - k);
@@ -323,12 +362,13 @@ fn store_part(
                 if previous[k..k + n].iter().any(|&old| old != NIL) {
                     changing.get_or_insert_with(|| Changing::new(st));
                 }
+                held = None;
                 refused = create(
                     tree,
                     shared,
                     st,
                     holder,
-                    cur,
+                    cur.map_or(NIL, |p| p.id),
                     pos,
                     chain,
                     &blocks[k..k + n],
@@ -340,13 +380,13 @@ fn store_part(
                 if refused.is_some() || ids.len() == blocks.len() {
                     break;
                 }
-                cur = *ids.last().expect("created");
-                pchain = Some(tree.chain(shared, cur));
+                let last = *ids.last().expect("created");
+                (cur, pchain) = (Some(tree.place(last)), Some(tree.chain(shared, last)));
                 pos += n as u32;
                 continue;
             };
-            let (run, off) = tree.locate(id);
-            let alias = tree.members(shared, run, tier).is_some_and(|m| m.holds(group, bit, off));
+            let id = at.id;
+            let alias = Held::at(&mut held, tree, shared, holder, at);
             if !alias && !credit.take((blocks.len() - k) as u64) {
                 out.shed += (blocks.len() - k) as u32;
                 refused = Some(Refusal::Shed);
@@ -356,7 +396,7 @@ fn store_part(
                 *st.aliases.entry((tier as u8, id)).or_insert(0) += 1;
                 out.duplicate += 1;
             } else {
-                marks.add(tree, shared, id);
+                marks.add_at(tree, shared, at.run, at.off);
                 delta.added += 1;
                 out.stored += 1;
             }
@@ -366,9 +406,10 @@ fn store_part(
                 marks.flush(tree, shared);
                 changing.get_or_insert_with(|| Changing::new(st));
                 release_block(tree, shared, st, tier, old, &mut delta);
+                held = None;
             }
             ids.push(id);
-            (cur, pchain, pos) = (id, Some(chain), pos + 1);
+            (cur, pchain, pos) = (Some(at), Some(chain), pos + 1);
         }
         let tree = &mut *guard;
         marks.flush(tree, shared);
@@ -467,9 +508,11 @@ fn create(
         return Some(Refusal::Full);
     };
     // The new blocks are consecutive in one run.
-    let (run, off) = tree.locate(first_id);
-    for j in 0..n {
-        ids.push(tree.block_at(shared, run, off + j as u32));
+    let mut at = tree.place(first_id);
+    ids.push(at.id);
+    for _ in 1..n {
+        at = Place { id: tree.after(shared, at), run: at.run, off: at.off + 1 };
+        ids.push(at.id);
     }
     delta.added += n as u64;
     out.stored += n as u32;
@@ -485,14 +528,16 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
     let (group, bit) = split(st.slot);
     // The records, outside the tree lock.
     let mut gone: Vec<u32> = Vec::with_capacity(hashes.len());
-    for &h in hashes.iter().take(PREFETCH_AHEAD) {
-        st.records[tier].prefetch(h);
+    let mut ahead = [Homes::default(); PREFETCH_AHEAD];
+    for (a, &h) in ahead.iter_mut().zip(hashes) {
+        *a = st.records[tier].prefetch(h);
     }
     for (k, &h) in hashes.iter().enumerate() {
+        let homes = ahead[k % PREFETCH_AHEAD];
         if let Some(&next) = hashes.get(k + PREFETCH_AHEAD) {
-            st.records[tier].prefetch(next);
+            ahead[k % PREFETCH_AHEAD] = st.records[tier].prefetch(next);
         }
-        let Some(id) = st.records[tier].remove(h) else {
+        let Some(id) = st.records[tier].remove_ahead(h, homes) else {
             out.unknown_removed += 1;
             continue;
         };

@@ -69,11 +69,6 @@ impl PredictLimits {
         debug_assert!(before >= n, "released more predicted blocks than were taken");
     }
 
-    /// Counts a booking of `n` blocks refused at the cap.
-    pub fn note_refused(&self, n: u64) {
-        self.count(&self.counters.refused, n);
-    }
-
     pub(super) fn count(&self, counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }

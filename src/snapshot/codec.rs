@@ -224,66 +224,56 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
             out.extend_from_slice(&w.instance_id.to_le_bytes());
             out.extend_from_slice(&w.dp_rank.to_le_bytes());
         }
-        let pieces = |e: &Event| match &e.kind {
-            EventKind::Stored { blocks, .. } => blocks.len().div_ceil(BLOCKS_PER_EVENT_MAX).max(1),
-            _ => 1,
-        };
-        let events: u64 = ix.events.iter().map(|e| pieces(e) as u64).sum();
-        out.extend_from_slice(&events.to_le_bytes());
-        for e in ix.events.iter().flat_map(split_long) {
-            let tier = e.tier.index() as u8;
-            let (kind, parent) = match &e.kind {
-                EventKind::Stored { parent, .. } => (KIND_STORED, *parent),
-                EventKind::Removed { .. } => (KIND_REMOVED, None),
-                EventKind::Cleared => (KIND_CLEARED, None),
+        // The count is patched in once the events are written: a stored
+        // chain longer than an event may be is written as chained events,
+        // each under the last block of the one before (applied in order
+        // they store the same chain).
+        let count_at = out.len();
+        out.extend_from_slice(&0u64.to_le_bytes());
+        let mut events = 0u64;
+        for e in &ix.events {
+            let head = |out: &mut Vec<u8>, kind: u8, parent: Option<u64>| {
+                let tag =
+                    e.tier.index() as u8 | kind << TAG_KIND_SHIFT | if parent.is_some() { TAG_HAS_PARENT } else { 0 };
+                out.push(tag);
+                out.extend_from_slice(&table[&e.worker].to_le_bytes());
+                if let Some(p) = parent {
+                    out.extend_from_slice(&p.to_le_bytes());
+                }
             };
-            let tag = tier | kind << TAG_KIND_SHIFT | if parent.is_some() { TAG_HAS_PARENT } else { 0 };
-            out.push(tag);
-            out.extend_from_slice(&table[&e.worker].to_le_bytes());
             match &e.kind {
                 EventKind::Stored { parent, blocks } => {
-                    if let Some(p) = parent {
-                        out.extend_from_slice(&p.to_le_bytes());
-                    }
-                    out.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
-                    for b in blocks {
-                        out.extend_from_slice(&b.engine_hash.to_le_bytes());
-                        out.extend_from_slice(&b.local_hash.to_le_bytes());
+                    let mut parent = *parent;
+                    // An empty store is still one event.
+                    for piece in blocks.chunks(BLOCKS_PER_EVENT_MAX).chain(blocks.is_empty().then_some(&[][..])) {
+                        head(&mut out, KIND_STORED, parent);
+                        out.extend_from_slice(&(piece.len() as u32).to_le_bytes());
+                        for b in piece {
+                            out.extend_from_slice(&b.engine_hash.to_le_bytes());
+                            out.extend_from_slice(&b.local_hash.to_le_bytes());
+                        }
+                        parent = piece.last().map(|b| b.engine_hash);
+                        events += 1;
                     }
                 }
                 EventKind::Removed { engine_hashes } => {
+                    // From engines, already within the event limit.
+                    head(&mut out, KIND_REMOVED, None);
                     out.extend_from_slice(&(engine_hashes.len() as u32).to_le_bytes());
                     for h in engine_hashes {
                         out.extend_from_slice(&h.to_le_bytes());
                     }
+                    events += 1;
                 }
-                EventKind::Cleared => {}
+                EventKind::Cleared => {
+                    head(&mut out, KIND_CLEARED, None);
+                    events += 1;
+                }
             }
         }
+        out[count_at..count_at + 8].copy_from_slice(&events.to_le_bytes());
     }
     out
-}
-
-/// `e`, or for a Stored event with more than `BLOCKS_PER_EVENT_MAX` blocks,
-/// chained events of at most that many, each under the last block of the one
-/// before (applied in order they store the same chain). Removed events come
-/// from engines, already within the limit.
-fn split_long(e: &Event) -> Vec<std::borrow::Cow<'_, Event>> {
-    use std::borrow::Cow;
-    match &e.kind {
-        EventKind::Stored { parent, blocks } if blocks.len() > BLOCKS_PER_EVENT_MAX => {
-            let mut parent = *parent;
-            blocks
-                .chunks(BLOCKS_PER_EVENT_MAX)
-                .map(|piece| {
-                    let event = Event::stored(e.worker, e.tier, parent, piece.to_vec());
-                    parent = piece.last().map(|b| b.engine_hash);
-                    Cow::Owned(event)
-                })
-                .collect()
-        }
-        _ => vec![Cow::Borrowed(e)],
-    }
 }
 
 /// What a header says, once checked.

@@ -223,6 +223,9 @@ fn a_chain_longer_than_an_event_is_written_as_chained_events() {
     ];
     assert_eq!(back.indexes[1].events, want);
     assert_eq!(back.registrations, s.registrations);
+    // A store of no blocks stays one event.
+    s.indexes[1].events = vec![Event::stored(w, StorageTier::Disk, Some(7), Vec::new())];
+    assert_eq!(decode(&encode(&s)).unwrap().indexes[1].events, s.indexes[1].events);
 }
 
 #[test]

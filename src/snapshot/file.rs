@@ -86,14 +86,12 @@ impl SnapshotDir {
         let mut bytes = Vec::new();
         (&mut file).take(HEADER_BYTES_MAX as u64).read_to_end(&mut bytes).map_err(io)?;
         let need = announced_len(&bytes)?;
-        if len < need {
-            return Err(SnapshotError::Truncated { have: len, need });
-        }
         if len > need {
             return Err(SnapshotError::TrailingBytes { extra: len - need });
         }
-        bytes.reserve_exact((need as usize).saturating_sub(bytes.len()));
-        // Bounded by the announced length, itself bounded by the header check.
+        // Bounded by the announced length, itself bounded by the header
+        // check; `decode` says if the file is shorter.
+        bytes.reserve_exact((len as usize).saturating_sub(bytes.len()));
         file.take(need - bytes.len() as u64).read_to_end(&mut bytes).map_err(io)?;
         decode(&bytes).map(Some)
     }

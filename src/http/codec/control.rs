@@ -10,32 +10,27 @@
 //! only ever sees requests it can act on. Field names and optionality
 //! follow Dynamo's request structs.
 
-use super::{check_size, tenant, BodyError, Problems, CONTROL_BODY_BYTES_MAX};
+use super::{check_size, merge, tenant, BodyError, CONTROL_BODY_BYTES_MAX};
 use crate::endpoint::{validate_peer_url, validate_zmq_endpoint};
 use crate::ingest::BLOCK_SIZE_MAX;
-use crate::registry::NAME_BYTES_MAX;
+use crate::registry::{RegisterArgs, NAME_BYTES_MAX, TENANT_DEFAULT};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 /// `POST /register`: one (instance, dp_rank) listener. Both spellings of
-/// the tenant and of the salt are read as fields of their own, so that two
-/// that agree are accepted; `parse_register` merges them.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct RegisterRequest {
-    pub instance_id: u64,
-    /// A validated ZMQ endpoint (`tcp://host:port` or `ipc://path`).
-    pub endpoint: String,
-    pub model_name: String,
-    /// Tokens per block, in 1..=`ingest::BLOCK_SIZE_MAX`.
-    pub block_size: u32,
-    /// Also accepted as `routing_group`. None: the default tenant.
-    pub tenant_id: Option<String>,
-    /// None: rank 0.
-    pub dp_rank: Option<u32>,
-    /// A validated ZMQ endpoint for gap replay.
-    pub replay_endpoint: Option<String>,
-    /// Also accepted as `additionalsalt`.
-    pub additional_salt: Option<String>,
+/// the tenant (`tenant_id`, `routing_group`) and of the salt
+/// (`additional_salt`, `additionalsalt`, checked but not used) are read as
+/// fields of their own, so that two that agree are accepted.
+#[derive(Deserialize)]
+struct RegisterRequest {
+    instance_id: u64,
+    endpoint: String,
+    model_name: String,
+    block_size: u32,
+    tenant_id: Option<String>,
+    dp_rank: Option<u32>,
+    replay_endpoint: Option<String>,
+    additional_salt: Option<String>,
     routing_group: Option<String>,
     additionalsalt: Option<String>,
 }
@@ -53,10 +48,9 @@ pub struct UnregisterRequest {
 }
 
 /// `POST /register_peer` and `POST /deregister_peer`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct PeerRequest {
-    /// `http://host:port`, without a trailing slash.
-    pub url: String,
+#[derive(Deserialize)]
+struct PeerRequest {
+    url: String,
 }
 
 /// Reads a control body into `T`, syntax first (see the module doc);
@@ -71,53 +65,54 @@ fn read<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, BodyError> {
     serde_json::from_slice(body).map_err(|e| BodyError::Unprocessable(e.to_string()))
 }
 
-/// Parses a `/register` body. A `block_size` outside 1..=BLOCK_SIZE_MAX, a
-/// bad endpoint or an over-long name is Invalid (400).
-pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, BodyError> {
-    let mut r: RegisterRequest = read(body, "instance_id, endpoint, model_name, block_size, ...")?;
-    let mut p = Problems::default();
+/// Parses a `/register` body into what the registry takes: the endpoints
+/// validated (`tcp://host:port` or `ipc://path`), `block_size` in
+/// 1..=`ingest::BLOCK_SIZE_MAX`, names at most `NAME_BYTES_MAX` bytes (else
+/// Invalid, 400); no tenant is the default tenant, no rank rank 0.
+pub fn parse_register(body: &[u8]) -> Result<RegisterArgs, BodyError> {
+    let r: RegisterRequest = read(body, "instance_id, endpoint, model_name, block_size, ...")?;
+    let invalid = |m| Err(BodyError::Invalid(m));
     if let Err(m) = validate_zmq_endpoint(&r.endpoint) {
-        p.invalid(|| m);
+        return invalid(m);
     }
     if let Some(Err(m)) = r.replay_endpoint.as_deref().map(validate_zmq_endpoint) {
-        p.invalid(|| format!("`replay_endpoint`: {m}"));
+        return invalid(format!("`replay_endpoint`: {m}"));
     }
     if r.block_size == 0 || r.block_size > BLOCK_SIZE_MAX {
-        p.invalid(|| format!("`block_size` must be in 1..={BLOCK_SIZE_MAX}, got {}", r.block_size));
+        return invalid(format!("`block_size` must be in 1..={BLOCK_SIZE_MAX}, got {}", r.block_size));
     }
     let names = [Some(&r.model_name), r.tenant_id.as_ref(), r.routing_group.as_ref()];
     let salts = [r.additional_salt.as_ref(), r.additionalsalt.as_ref()];
     let labels = ["model_name", "tenant_id", "routing_group", "additional_salt", "additionalsalt"];
-    for (value, name) in names.into_iter().chain(salts).zip(labels) {
-        if value.is_some_and(|v| v.len() > NAME_BYTES_MAX) {
-            p.invalid(|| format!("`{name}` is longer than {NAME_BYTES_MAX} bytes"));
-        }
+    let long = names.into_iter().chain(salts).zip(labels).find(|(v, _)| v.is_some_and(|v| v.len() > NAME_BYTES_MAX));
+    if let Some((_, name)) = long {
+        return invalid(format!("`{name}` is longer than {NAME_BYTES_MAX} bytes"));
     }
-    if let (Some(a), Some(c)) = (&r.additional_salt, &r.additionalsalt) {
-        if a != c {
-            p.invalid(|| "`additional_salt` and `additionalsalt` name the same field and disagree; send one".into());
-        }
-    }
-    r.additional_salt = r.additional_salt.or(r.additionalsalt.take());
-    r.tenant_id = tenant(r.tenant_id, r.routing_group.take(), &mut p);
-    p.result()?;
-    Ok(r)
+    merge(r.additional_salt, r.additionalsalt, |_, _| {
+        "`additional_salt` and `additionalsalt` name the same field and disagree; send one".into()
+    })?;
+    Ok(RegisterArgs {
+        instance_id: r.instance_id,
+        dp_rank: r.dp_rank.unwrap_or(0),
+        endpoint: r.endpoint,
+        replay_endpoint: r.replay_endpoint,
+        tenant_id: tenant(r.tenant_id, r.routing_group)?.unwrap_or_else(|| TENANT_DEFAULT.to_string()),
+        model_name: r.model_name,
+        block_size: r.block_size,
+    })
 }
 
 /// Parses an `/unregister` body.
 pub fn parse_unregister(body: &[u8]) -> Result<UnregisterRequest, BodyError> {
     let mut r: UnregisterRequest = read(body, "instance_id, model_name, ...")?;
-    let mut p = Problems::default();
-    r.tenant_id = tenant(r.tenant_id, r.routing_group.take(), &mut p);
-    p.result()?;
+    r.tenant_id = tenant(r.tenant_id, r.routing_group.take())?;
     Ok(r)
 }
 
-/// Parses a `/register_peer` or `/deregister_peer` body; the url must be
-/// `http://host:port` (a trailing `/` is dropped).
-pub fn parse_peer(body: &[u8]) -> Result<PeerRequest, BodyError> {
-    let r: PeerRequest = read(body, "url")?;
-    Ok(PeerRequest { url: validate_peer_url(&r.url).map_err(BodyError::Invalid)? })
+/// Parses a `/register_peer` or `/deregister_peer` body into its url,
+/// which must be `http://host:port` (a trailing `/` is dropped).
+pub fn parse_peer(body: &[u8]) -> Result<String, BodyError> {
+    validate_peer_url(&read::<PeerRequest>(body, "url")?.url).map_err(BodyError::Invalid)
 }
 
 #[cfg(test)]
@@ -143,27 +138,23 @@ mod tests {
         .unwrap();
         assert_eq!(
             r,
-            RegisterRequest {
+            RegisterArgs {
                 instance_id: u64::MAX,
                 endpoint: "tcp://127.0.0.1:5557".into(),
                 model_name: "m".into(),
                 block_size: 16,
-                tenant_id: Some("acme".into()),
-                dp_rank: Some(3),
+                tenant_id: "acme".into(),
+                dp_rank: 3,
                 replay_endpoint: Some("tcp://127.0.0.1:5560".into()),
-                additional_salt: Some("s".into()),
-                routing_group: None,
-                additionalsalt: None,
             }
         );
         let r = parse_register(
             br#"{"instance_id":1,"endpoint":"ipc:///tmp/x","model_name":"m","block_size":1,"dp_rank":null,"tenant_id":null}"#,
         )
         .unwrap();
-        assert_eq!(r.tenant_id, None);
-        assert_eq!(r.dp_rank, None);
+        assert_eq!(r.tenant_id, TENANT_DEFAULT);
+        assert_eq!(r.dp_rank, 0);
         assert_eq!(r.replay_endpoint, None);
-        assert_eq!(r.additional_salt, None);
     }
 
     #[test]
@@ -236,7 +227,7 @@ mod tests {
 
     #[test]
     fn peer_url() {
-        assert_eq!(parse_peer(br#"{"url":"http://127.0.0.1:8091/"}"#).unwrap().url, "http://127.0.0.1:8091");
+        assert_eq!(parse_peer(br#"{"url":"http://127.0.0.1:8091/"}"#).unwrap(), "http://127.0.0.1:8091");
         assert_eq!(class(parse_peer(br#"{"url":"ftp://x:1"}"#)), "invalid");
         assert_eq!(class(parse_peer(br#"{"url":null}"#)), "unprocessable");
         assert_eq!(class(parse_peer(br#"{}"#)), "unprocessable");

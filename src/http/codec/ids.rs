@@ -8,11 +8,13 @@
 //! zeros, everything else); a window runs up to its last comma, and if its
 //! bytes are only digits, spaces and commas, numbers and commas alternate,
 //! and every number has 1-7 digits and no leading zero (`take`), its
-//! numbers are located from the masks and converted. With AVX2 (`avx2`)
-//! eight numbers are converted per step, each loaded as the 8 bytes that
-//! end at its last digit; elsewhere one at a time (`plain_prefix_portable`,
-//! the reference the AVX2 path is tested against). At the first window it
-//! does not take, the element loop goes on from the last comma taken.
+//! numbers are located from the masks and converted. One loop (`scan`)
+//! serves both ways of doing it: with AVX2 (`avx2`) a window is classified
+//! 32 bytes at a time and eight numbers are converted per step, each loaded
+//! as the 8 bytes that end at its last digit; elsewhere byte by byte and
+//! one number at a time (`plain_prefix_portable`, the reference the AVX2
+//! path is tested against). At the first window it does not take, the
+//! element loop goes on from the last comma taken.
 
 use super::json::{Json, Syntax, Walk};
 
@@ -65,11 +67,10 @@ pub(super) fn read_ids<T: Id>(w: &mut Walk<'_>, out: &mut Vec<T>) -> Result<Resu
         w.i += 1;
         return Ok(Ok(()));
     }
+    // Nothing taken leaves the cursor where it was.
     let (mut index, end) = T::fast(w.b, w.i, out);
+    w.i = end;
     let mut after_value = index > 0;
-    if after_value {
-        w.i = end;
-    }
     let mut refused = None;
     loop {
         if !after_value {
@@ -80,31 +81,21 @@ pub(super) fn read_ids<T: Id>(w: &mut Walk<'_>, out: &mut Vec<T>) -> Result<Resu
                 None => w.value::<3>()?,
             };
             match T::of(&v) {
-                Some(id) if refused.is_none() => out.push(id),
-                Some(_) => {}
-                None if refused.is_none() => {
+                _ if refused.is_some() => {}
+                Some(id) => out.push(id),
+                None => {
                     let found = match v {
                         Json::U64(_) | Json::I64(_) | Json::Float => w.text(start),
                         _ => v.kind().to_string(),
                     };
                     refused = Some(format!("`{}[{index}]` must be one of {}, found {found}", T::FIELD, T::RANGE));
                 }
-                None => {}
             }
             index += 1;
         }
         after_value = false;
-        w.ws();
-        match w.peek() {
-            Some(b',') => {
-                w.i += 1;
-                w.ws();
-            }
-            Some(b']') => {
-                w.i += 1;
-                return Ok(refused.map_or(Ok(()), Err));
-            }
-            _ => return w.err("expected ',' or ']' after a value in an array"),
+        if !w.next(b']', "expected ',' or ']' after a value in an array")? {
+            return Ok(refused.map_or(Ok(()), Err));
         }
     }
 }
@@ -113,18 +104,17 @@ pub(super) fn read_ids<T: Id>(w: &mut Walk<'_>, out: &mut Vec<T>) -> Result<Resu
 /// member value, so at least `{"":[` precedes it in any body that gets here.
 const BEFORE_FIRST_BYTES: usize = 7;
 
-/// Bytes a window needs from its start: its 64, and past its end the 8 a
-/// number loaded near the end may touch.
-const WINDOW_BYTES: usize = 72;
+/// What one window reads: the 7 bytes before it (a number loaded as the 8
+/// bytes ending at its last digit may reach back there), its 64, and past
+/// its end the 8 a number loaded near the end may touch.
+type Span = [u8; SPAN_BYTES];
+const SPAN_BYTES: usize = BEFORE_FIRST_BYTES + 64 + 8;
 
 /// Consumes the leading elements of a token array that have the common
 /// shape, appending them to `out`. `start` is the first element. Returns
 /// how many were consumed and where the element loop goes on (a comma
 /// after the last one; `start` if none).
 fn plain_prefix(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, usize) {
-    if start < BEFORE_FIRST_BYTES {
-        return (0, start);
-    }
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("pclmulqdq") {
         // SAFETY: the CPU has AVX2 and PCLMULQDQ, just checked.
@@ -134,6 +124,7 @@ fn plain_prefix(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, usize) {
 }
 
 /// Classes of the 64 bytes of a window, one bit per byte (bit k = byte k).
+#[derive(Debug, PartialEq, Eq)]
 struct Masks {
     digits: u64,
     commas: u64,
@@ -182,63 +173,49 @@ fn take(m: &Masks, at_comma: bool, prefix_xor: impl Fn(u64) -> u64) -> Option<Ta
 /// slots at least; the excess is cut at the end.
 const GROW_SLOTS: usize = 1024;
 
-/// Room for a window's numbers (at most 32: each is followed by a comma)
-/// after the `count` already converted past `first`.
+/// The fast path's one loop: each window from `start` on is classified,
+/// taken or not, and its numbers (at most 32: each is followed by a comma)
+/// converted into room after those of the windows before.
 #[inline(always)]
-fn room(out: &mut Vec<u32>, first: usize, count: usize) -> Option<&mut [u32; 32]> {
-    if out.len() < first + count + 32 {
-        out.resize(first + count + GROW_SLOTS, 0);
+fn scan(
+    b: &[u8],
+    start: usize,
+    out: &mut Vec<u32>,
+    classify: impl Fn(&Span) -> Masks,
+    prefix_xor: impl Fn(u64) -> u64 + Copy,
+    mut convert: impl FnMut(&Span, &Take, &mut [u32; 32]) -> usize,
+) -> (usize, usize) {
+    if start < BEFORE_FIRST_BYTES {
+        return (0, start);
     }
-    out.get_mut(first + count..).and_then(|s| s.first_chunk_mut::<32>())
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn classify(w: &[u8; 64]) -> Masks {
-    use std::arch::x86_64::*;
-    let mut m = Masks { digits: 0, commas: 0, zeros: 0, other: 0 };
-    // SSE2 is part of the x86_64 baseline, so these are always available.
-    // SAFETY: each load reads 16 bytes at offset 16*k of a 64-byte array
-    // (k < 4), in bounds; `loadu` has no alignment requirement.
-    unsafe {
-        for k in 0..4 {
-            let v = _mm_loadu_si128(w.as_ptr().add(16 * k).cast::<__m128i>());
-            let shifted = _mm_sub_epi8(v, _mm_set1_epi8(b'0' as i8));
-            let digit = _mm_cmpeq_epi8(_mm_min_epu8(shifted, _mm_set1_epi8(9)), shifted);
-            let comma = _mm_cmpeq_epi8(v, _mm_set1_epi8(b',' as i8));
-            let space = _mm_cmpeq_epi8(v, _mm_set1_epi8(b' ' as i8));
-            let zero = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'0' as i8));
-            let known = _mm_or_si128(_mm_or_si128(digit, comma), space);
-            let bits = |x| u64::from(_mm_movemask_epi8(x) as u16) << (16 * k);
-            m.digits |= bits(digit);
-            m.commas |= bits(comma);
-            m.zeros |= bits(zero);
-            m.other |= !bits(known) & (0xFFFF << (16 * k));
+    let first = out.len();
+    let (mut filled, mut base, mut at_comma) = (first, start, false);
+    while let Some(span) = b.get(base - BEFORE_FIRST_BYTES..).and_then(|s| s.first_chunk::<SPAN_BYTES>()) {
+        let Some(t) = take(&classify(span), at_comma, prefix_xor) else { break };
+        if out.len() < filled + 32 {
+            out.resize(filled + GROW_SLOTS, 0);
         }
+        let Some(slots) = out.get_mut(filled..).and_then(|s| s.first_chunk_mut::<32>()) else { break };
+        filled += convert(span, &t, slots);
+        base += t.last;
+        at_comma = true;
     }
-    m
+    out.truncate(filled);
+    (filled - first, if filled > first { base } else { start })
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn classify(w: &[u8; 64]) -> Masks {
-    classify_scalar(w)
-}
-
-/// Portable classification; the reference the SIMD versions are tested against.
-#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
-fn classify_scalar(w: &[u8; 64]) -> Masks {
+/// Portable classification of the window at byte `BEFORE_FIRST_BYTES` of
+/// `span`; the reference the SIMD one is tested against.
+fn classify_scalar(span: &Span) -> Masks {
     let mut m = Masks { digits: 0, commas: 0, zeros: 0, other: 0 };
-    for (k, &b) in w.iter().enumerate() {
+    for (k, &b) in span[BEFORE_FIRST_BYTES..][..64].iter().enumerate() {
         match b {
             b'0'..=b'9' => m.digits |= 1 << k,
             b',' => m.commas |= 1 << k,
             b' ' => {}
             _ => m.other |= 1 << k,
         }
-        if b == b'0' {
-            m.zeros |= 1 << k;
-        }
+        m.zeros |= u64::from(b == b'0') << k;
     }
     m
 }
@@ -264,36 +241,25 @@ fn word_value(x: u64) -> u32 {
     ((v.wrapping_mul(10_000).wrapping_add(v >> 32)) & 0xFFFF_FFFF) as u32
 }
 
-/// The fast path on any CPU: windows classified 16 bytes at a time (SSE2
-/// on x86_64), numbers converted one at a time. The reference the AVX2
-/// path is tested against.
+/// The fast path on any CPU: windows classified a byte at a time, numbers
+/// converted one at a time, each loaded from its first digit and shifted
+/// to the top of the word. The reference the AVX2 path is tested against.
 fn plain_prefix_portable(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, usize) {
-    let first = out.len();
-    let (mut count, mut base) = (0, start);
-    let mut at_comma = false;
-    while let Some(w) = b.get(base..).and_then(|s| s.first_chunk::<WINDOW_BYTES>()) {
-        let Some(head) = w.first_chunk::<64>() else { break };
-        let Some(t) = take(&classify(head), at_comma, prefix_xor) else { break };
-        let Some(slots) = room(out, first, count) else { break };
-        let (mut s_bits, mut e_bits) = (t.starts, t.ends);
-        let mut n = 0;
-        for slot in slots.iter_mut() {
-            if s_bits == 0 {
-                break;
-            }
-            let (s, e) = (s_bits.trailing_zeros() as usize, e_bits.trailing_zeros() as usize);
-            s_bits &= s_bits.wrapping_sub(1);
-            e_bits &= e_bits.wrapping_sub(1);
-            let x = w.get(s..s + 8).and_then(|c| c.first_chunk::<8>()).map_or(0, |c| u64::from_le_bytes(*c));
+    scan(b, start, out, classify_scalar, prefix_xor, |span, t, slots| {
+        let (mut starts, mut ends, n) = (t.starts, t.ends, t.ends.count_ones() as usize);
+        for slot in slots.iter_mut().take(n) {
+            let (s, e) = (starts.trailing_zeros() as usize, ends.trailing_zeros() as usize);
+            starts &= starts.wrapping_sub(1);
+            ends &= ends.wrapping_sub(1);
+            // Window byte s is span byte s + 7.
+            let x = span
+                .get(s + BEFORE_FIRST_BYTES..)
+                .and_then(|c| c.first_chunk::<8>())
+                .map_or(0, |c| u64::from_le_bytes(*c));
             *slot = word_value(x.wrapping_shl(8 * (7 - (e.wrapping_sub(s) as u32 & 7))));
-            n += 1;
         }
-        count += n;
-        base += t.last;
-        at_comma = true;
-    }
-    out.truncate(first + count);
-    (count, if count > 0 { base } else { start })
+        n
+    })
 }
 
 /// The fast path with AVX2: a window classified 32 bytes at a time, its
@@ -303,39 +269,27 @@ fn plain_prefix_portable(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, 
 /// and digit pairs, quads and halves are summed by multiply-adds.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{room, take, Masks, BEFORE_FIRST_BYTES, WINDOW_BYTES};
+    use super::{scan, Masks, Span, Take, BEFORE_FIRST_BYTES};
     use std::arch::x86_64::*;
 
-    /// See `super::plain_prefix`; `start` is at least `BEFORE_FIRST_BYTES`.
+    /// See `super::plain_prefix`.
     #[target_feature(enable = "avx2,pclmulqdq")]
     pub(super) unsafe fn plain_prefix(b: &[u8], start: usize, out: &mut Vec<u32>) -> (usize, usize) {
-        let first = out.len();
-        let (mut count, mut base) = (0, start);
-        let mut at_comma = false;
-        // The 7 bytes before a window, the window, and the 8 after it.
-        while let Some(span) =
-            b.get(base - BEFORE_FIRST_BYTES..).and_then(|s| s.first_chunk::<{ BEFORE_FIRST_BYTES + WINDOW_BYTES }>())
-        {
-            // SAFETY: the caller's CPU has PCLMULQDQ.
-            let Some(t) = take(&classify(span), at_comma, |x| unsafe { prefix_xor(x) }) else { break };
-            let Some(slots) = room(out, first, count) else { break };
-            let n = t.ends.count_ones() as usize;
-            let mut ends = t.ends;
+        let convert = |span: &Span, t: &Take, slots: &mut [u32; 32]| {
+            let (mut ends, n) = (t.ends, t.ends.count_ones() as usize);
             for g in 0..n.div_ceil(8).min(4) {
                 // SAFETY: g < 4, so slots 8g..8g+8 are in the 32.
-                _mm256_storeu_si256(slots.as_mut_ptr().add(8 * g).cast(), eight(span, &mut ends));
+                unsafe { _mm256_storeu_si256(slots.as_mut_ptr().add(8 * g).cast(), eight(span, &mut ends)) };
             }
-            count += n;
-            base += t.last;
-            at_comma = true;
-        }
-        out.truncate(first + count);
-        (count, if count > 0 { base } else { start })
+            n
+        };
+        // SAFETY: the closures run only here, on a CPU with AVX2 and PCLMULQDQ.
+        scan(b, start, out, |s| unsafe { classify(s) }, |x| unsafe { prefix_xor(x) }, convert)
     }
 
     /// The masks of the window at byte `BEFORE_FIRST_BYTES` of `span`.
     #[inline(always)]
-    unsafe fn classify(span: &[u8; BEFORE_FIRST_BYTES + WINDOW_BYTES]) -> Masks {
+    pub(super) unsafe fn classify(span: &Span) -> Masks {
         let mut m = Masks { digits: 0, commas: 0, zeros: 0, other: 0 };
         for k in 0..2 {
             // SAFETY: bytes 7+32k..7+32k+32 (k < 2) are within the 79.
@@ -364,7 +318,7 @@ mod avx2 {
     /// Two numbers, each the 8 bytes ending at its last digit (the next
     /// two bits of `ends`, window bits).
     #[inline(always)]
-    unsafe fn pair(span: &[u8; BEFORE_FIRST_BYTES + WINDOW_BYTES], ends: &mut u64) -> __m128i {
+    unsafe fn pair(span: &Span, ends: &mut u64) -> __m128i {
         let mut next = || {
             // An empty mask gives 64, masked to 0: a lane no one counts.
             let e = ends.trailing_zeros() as usize & 63;
@@ -379,7 +333,7 @@ mod avx2 {
 
     /// Four numbers' digits as two u32 halves per lane (high digits first).
     #[inline(always)]
-    unsafe fn four(span: &[u8; BEFORE_FIRST_BYTES + WINDOW_BYTES], ends: &mut u64) -> __m256i {
+    unsafe fn four(span: &Span, ends: &mut u64) -> __m256i {
         let lo = pair(span, ends);
         let v = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), pair(span, ends), 1);
         // Each lane reversed: the last digit in byte 0, its run of digits
@@ -403,7 +357,7 @@ mod avx2 {
 
     /// The values of the next eight numbers of `ends`.
     #[inline(always)]
-    unsafe fn eight(span: &[u8; BEFORE_FIRST_BYTES + WINDOW_BYTES], ends: &mut u64) -> __m256i {
+    unsafe fn eight(span: &Span, ends: &mut u64) -> __m256i {
         let a = four(span, ends);
         let b = four(span, ends);
         let v = _mm256_madd_epi16(_mm256_packus_epi32(a, b), _mm256_set1_epi32(0x0001_2710));
@@ -434,13 +388,16 @@ mod tests {
         let mut r = Rng(0x1234_5678_9abc_def1);
         let alphabet = b"0123456789, ,]-.\n\x00\xff/:";
         for _ in 0..2000 {
-            let mut w = [0u8; 64];
+            let mut w = [0u8; SPAN_BYTES];
             for b in w.iter_mut() {
                 let x = r.next();
                 *b = if x % 5 == 0 { x as u8 } else { alphabet[(x >> 8) as usize % alphabet.len()] };
             }
-            let (a, s) = (classify(&w), classify_scalar(&w));
-            assert_eq!((a.digits, a.commas, a.zeros, a.other), (s.digits, s.commas, s.zeros, s.other));
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2, just checked.
+                assert_eq!(unsafe { avx2::classify(&w) }, classify_scalar(&w));
+            }
             let x = r.next();
             let p = prefix_xor(x);
             for j in 0..64 {

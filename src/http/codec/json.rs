@@ -214,18 +214,27 @@ impl<'a> Walk<'a> {
             self.i += 1;
             self.ws();
             member(self, key)?;
-            self.ws();
-            match self.peek() {
-                Some(b',') => {
-                    self.i += 1;
-                    self.ws();
-                }
-                Some(b'}') => {
-                    self.i += 1;
-                    return self.end().map(|()| true);
-                }
-                _ => return self.err("expected ',' or '}' after a value in the object"),
+            if !self.next(b'}', "expected ',' or '}' after a value in the object")? {
+                return self.end().map(|()| true);
             }
+        }
+    }
+
+    /// After a member or element: a `,` (consumed, with the space after
+    /// it: true, another follows) or `close` (consumed: false).
+    pub fn next(&mut self, close: u8, expected: &str) -> Result<bool, Syntax> {
+        self.ws();
+        match self.peek() {
+            Some(b',') => {
+                self.i += 1;
+                self.ws();
+                Ok(true)
+            }
+            Some(c) if c == close => {
+                self.i += 1;
+                Ok(false)
+            }
+            _ => self.err(expected),
         }
     }
 

@@ -42,9 +42,9 @@ mod query;
 mod response;
 
 pub use crate::json::BodyError;
-pub use control::{parse_peer, parse_register, parse_unregister, PeerRequest, RegisterRequest, UnregisterRequest};
+pub use control::{parse_peer, parse_register, parse_unregister, UnregisterRequest};
 pub use query::{parse_query, parse_query_by_hash, QueryRequest};
-pub use response::{write_error, write_query_response, write_query_response_predicted, write_status_ok};
+pub use response::{write_error, write_query_response};
 
 /// Deepest nesting of arrays and objects accepted in a body; the top-level
 /// object is level 1. Equal to serde_json's limit, so both agree on what is
@@ -60,34 +60,6 @@ pub const QUERY_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// unregister, peers).
 pub const CONTROL_BODY_BYTES_MAX: usize = 64 * 1024;
 
-/// Type and value problems found in a body, kept by class so the class
-/// reported does not depend on field order; a syntax error is returned at
-/// once instead, since it outranks both.
-#[derive(Default)]
-struct Problems {
-    unprocessable: Option<String>,
-    invalid: Option<String>,
-}
-
-impl Problems {
-    fn unprocessable(&mut self, message: impl FnOnce() -> String) {
-        self.unprocessable.get_or_insert_with(message);
-    }
-
-    fn invalid(&mut self, message: impl FnOnce() -> String) {
-        self.invalid.get_or_insert_with(message);
-    }
-
-    /// The outcome once the whole body was read without a syntax error.
-    fn result(self) -> Result<(), BodyError> {
-        match (self.unprocessable, self.invalid) {
-            (Some(m), _) => Err(BodyError::Unprocessable(m)),
-            (None, Some(m)) => Err(BodyError::Invalid(m)),
-            (None, None) => Ok(()),
-        }
-    }
-}
-
 /// Refuses a body longer than `max` before reading it.
 fn check_size(body: &[u8], max: usize) -> Result<(), BodyError> {
     if body.len() > max {
@@ -96,15 +68,22 @@ fn check_size(body: &[u8], max: usize) -> Result<(), BodyError> {
     Ok(())
 }
 
-/// Merges the two spellings of the tenant: both given must agree.
-fn tenant<T: AsRef<str>>(tenant_id: Option<T>, routing_group: Option<T>, problems: &mut Problems) -> Option<T> {
-    if let (Some(t), Some(g)) = (&tenant_id, &routing_group) {
-        if t.as_ref() != g.as_ref() {
-            let (t, g) = (t.as_ref(), g.as_ref());
-            problems.invalid(|| {
-                format!("`tenant_id` ({t:?}) and `routing_group` ({g:?}) name the same field and disagree; send one")
-            });
-        }
+/// Merges two spellings of one field: both given must agree, else Invalid
+/// with `why(first, second)`.
+fn merge<T: AsRef<str>>(
+    first: Option<T>,
+    second: Option<T>,
+    why: impl FnOnce(&str, &str) -> String,
+) -> Result<Option<T>, BodyError> {
+    match (&first, &second) {
+        (Some(a), Some(b)) if a.as_ref() != b.as_ref() => Err(BodyError::Invalid(why(a.as_ref(), b.as_ref()))),
+        _ => Ok(first.or(second)),
     }
-    tenant_id.or(routing_group)
+}
+
+/// Merges the two spellings of the tenant.
+fn tenant<T: AsRef<str>>(tenant_id: Option<T>, routing_group: Option<T>) -> Result<Option<T>, BodyError> {
+    merge(tenant_id, routing_group, |t, g| {
+        format!("`tenant_id` ({t:?}) and `routing_group` ({g:?}) name the same field and disagree; send one")
+    })
 }

@@ -13,7 +13,7 @@
 
 use super::ids::{read_ids, Id};
 use super::json::{Json, Walk};
-use super::{check_size, tenant, BodyError, Problems, QUERY_BODY_BYTES_MAX};
+use super::{check_size, tenant, BodyError, QUERY_BODY_BYTES_MAX};
 use std::borrow::Cow;
 
 /// The names of a `/query` or `/query_by_hash` request; the ids go to the
@@ -48,11 +48,18 @@ pub fn parse_query_by_hash<'a>(body: &'a [u8], hashes: &mut Vec<u64>) -> Result<
 const FIELDS: [&str; 7] =
     ["model_name", "tenant_id", "routing_group", "lora_name", "cache_salt", "include_unmatched", "ids"];
 
+/// Keeps the first problem found.
+fn keep(first: &mut Option<String>, problem: impl FnOnce() -> String) {
+    first.get_or_insert_with(problem);
+}
+
 fn parse<'a, T: Id>(body: &'a [u8], ids: &mut Vec<T>) -> Result<QueryRequest<'a>, BodyError> {
     ids.clear();
     check_size(body, QUERY_BODY_BYTES_MAX)?;
     let by_hash = T::FIELD == "block_hashes";
-    let mut p = Problems::default();
+    // Type problems are kept, the first one reported, once the whole body
+    // was read without a syntax error (which outranks them).
+    let mut p: Option<String> = None;
     let mut seen = 0u32;
     let mut names: [Option<Cow<'a, str>>; 5] = Default::default();
     let mut include_unmatched = false;
@@ -66,18 +73,18 @@ fn parse<'a, T: Id>(body: &'a [u8], ids: &mut Vec<T>) -> Result<QueryRequest<'a>
                 _ => return w.value::<2>().map(drop),
             };
             if seen & 1 << field != 0 {
-                p.unprocessable(|| format!("duplicate field `{key}`"));
+                keep(&mut p, || format!("duplicate field `{key}`"));
                 return w.value::<2>().map(drop);
             }
             seen |= 1 << field;
             if field == 6 {
                 if w.peek() == Some(b'[') {
                     if let Err(m) = read_ids(w, ids)? {
-                        p.unprocessable(|| m);
+                        keep(&mut p, || m);
                     }
                 } else {
                     let found = w.value::<2>()?.kind();
-                    p.unprocessable(|| format!("`{key}` must be an array of {}, found {found}", T::RANGE));
+                    keep(&mut p, || format!("`{key}` must be an array of {}, found {found}", T::RANGE));
                 }
                 return Ok(());
             }
@@ -86,33 +93,34 @@ fn parse<'a, T: Id>(body: &'a [u8], ids: &mut Vec<T>) -> Result<QueryRequest<'a>
                 (1..=4, Json::Null) => {}
                 (5, Json::Bool(b)) => include_unmatched = b,
                 (5, Json::Null) => {}
-                (0, v) => p.unprocessable(|| format!("`model_name` must be a string, found {}", v.kind())),
-                (5, v) => p.unprocessable(|| format!("`{key}` must be a boolean or null, found {}", v.kind())),
-                (_, v) => p.unprocessable(|| format!("`{key}` must be a string or null, found {}", v.kind())),
+                (0, v) => keep(&mut p, || format!("`model_name` must be a string, found {}", v.kind())),
+                (5, v) => keep(&mut p, || format!("`{key}` must be a boolean or null, found {}", v.kind())),
+                (_, v) => keep(&mut p, || format!("`{key}` must be a string or null, found {}", v.kind())),
             }
             Ok(())
         })
         .map_err(BodyError::Malformed)?;
     let [model_name, tenant_id, routing_group, lora_name, mut cache_salt] = names;
     if !object {
-        p.unprocessable(|| format!("the body must be a JSON object ({}, model_name, ...)", T::FIELD));
+        keep(&mut p, || format!("the body must be a JSON object ({}, model_name, ...)", T::FIELD));
     }
     if seen & 1 << 6 == 0 {
-        p.unprocessable(|| format!("missing field `{}` (an array of integers)", T::FIELD));
+        keep(&mut p, || format!("missing field `{}` (an array of integers)", T::FIELD));
     }
     if seen & 1 == 0 {
-        p.unprocessable(|| "missing field `model_name` (a string)".to_string());
+        keep(&mut p, || "missing field `model_name` (a string)".to_string());
     }
-    if by_hash && cache_salt.take().is_some() {
-        p.invalid(|| {
-            "cache_salt is not accepted by /query_by_hash; block_hashes must already include the intended cache salt"
-                .to_string()
-        });
-    }
-    let tenant_id = tenant(tenant_id, routing_group, &mut p);
-    p.result()?;
     // A missing or mistyped model_name was recorded above.
-    let model_name = model_name.ok_or_else(|| BodyError::Unprocessable("`model_name` must be a string".into()))?;
+    let (None, Some(model_name)) = (&p, model_name) else {
+        return Err(BodyError::Unprocessable(p.unwrap_or_default()));
+    };
+    if by_hash && cache_salt.take().is_some() {
+        return Err(BodyError::Invalid(
+            "cache_salt is not accepted by /query_by_hash; block_hashes must already include the intended cache salt"
+                .to_string(),
+        ));
+    }
+    let tenant_id = tenant(tenant_id, routing_group)?;
     Ok(QueryRequest { model_name, tenant_id, lora_name, cache_salt, include_unmatched })
 }
 

@@ -33,7 +33,7 @@ use crate::event::WorkerId;
 use crate::index::Matches;
 use crate::json::out::{push_str, push_u64, push_u64_key};
 use crate::predict::Predicted;
-use std::cell::RefCell;
+use std::cell::Cell;
 
 /// One worker's depths, in blocks, and whether it came from the matches.
 #[derive(Clone, Copy)]
@@ -51,25 +51,15 @@ struct Row {
 
 thread_local! {
     /// Reused per HTTP thread so a response allocates nothing once warm.
-    static ROWS: RefCell<Vec<Row>> = const { RefCell::new(Vec::new()) };
+    static ROWS: Cell<Vec<Row>> = const { Cell::new(Vec::new()) };
 }
 
 /// Writes the `/query` (and `/query_by_hash`) response for `matches` of a
 /// query of `query_blocks` blocks in an index of `block_size` tokens per
 /// block. Workers in `registered` that matched nothing are listed in
-/// `instances` with zeros; pass `&[]` to answer exactly as Dynamo does.
+/// `instances` with zeros, and `predicted` depths add `predicted`; pass
+/// `&[]` for both to answer exactly as Dynamo does.
 pub fn write_query_response(
-    out: &mut Vec<u8>,
-    matches: &Matches,
-    registered: &[WorkerId],
-    block_size: u32,
-    query_blocks: usize,
-) {
-    write_query_response_predicted(out, matches, registered, &[], block_size, query_blocks)
-}
-
-/// `write_query_response` with each instance's `predicted` depth.
-pub fn write_query_response_predicted(
     out: &mut Vec<u8>,
     matches: &Matches,
     registered: &[WorkerId],
@@ -77,35 +67,15 @@ pub fn write_query_response_predicted(
     block_size: u32,
     query_blocks: usize,
 ) {
-    let q = (matches, registered, predicted);
-    ROWS.with(|rows| match rows.try_borrow_mut() {
-        Ok(mut rows) => write_rows(out, &mut rows, q, block_size, query_blocks),
-        // Only reachable by re-entering from within this function.
-        Err(_) => write_rows(out, &mut Vec::new(), q, block_size, query_blocks),
-    });
-}
-
-fn write_rows(
-    out: &mut Vec<u8>,
-    rows: &mut Vec<Row>,
-    (matches, registered, predicted): (&Matches, &[WorkerId], &[Predicted]),
-    block_size: u32,
-    query_blocks: usize,
-) {
     // A match is never deeper than the query; clamp so a broken invariant
     // upstream cannot put impossible numbers on the wire.
     let cap = u32::try_from(query_blocks).unwrap_or(u32::MAX);
+    let mut rows = ROWS.take();
     rows.clear();
     for m in &matches.workers {
         debug_assert!(m.device <= m.host && m.host <= m.disk && m.disk <= cap);
-        rows.push(Row {
-            worker: m.worker,
-            padding: 0,
-            device: m.device.min(cap),
-            host: m.host.min(cap),
-            disk: m.disk.min(cap),
-            predicted: 0,
-        });
+        let (device, host, disk) = (m.device.min(cap), m.host.min(cap), m.disk.min(cap));
+        rows.push(Row { worker: m.worker, padding: 0, device, host, disk, predicted: 0 });
     }
     for &worker in registered {
         rows.push(Row { worker, padding: 1, device: 0, host: 0, disk: 0, predicted: 0 });
@@ -122,48 +92,33 @@ fn write_rows(
         same
     });
     let tokens = |blocks: u32| u64::from(blocks) * u64::from(block_size);
+    let instances = || rows.chunk_by(|a, b| a.worker.instance_id == b.worker.instance_id);
 
     out.extend_from_slice(b"{\"scores\":{");
-    let mut first_instance = true;
-    for group in rows.chunk_by(|a, b| a.worker.instance_id == b.worker.instance_id) {
-        if group.iter().all(|r| r.device == 0) {
-            continue;
-        }
-        if !first_instance {
-            out.push(b',');
-        }
-        first_instance = false;
+    for group in instances().filter(|g| g.iter().any(|r| r.device > 0)) {
+        comma(out);
         push_u64_key(out, group[0].worker.instance_id);
         out.push(b'{');
-        let mut first_rank = true;
         for r in group.iter().filter(|r| r.device > 0) {
-            if !first_rank {
-                out.push(b',');
-            }
-            first_rank = false;
+            comma(out);
             push_u64_key(out, u64::from(r.worker.dp_rank));
             push_u64(out, tokens(r.device));
         }
         out.push(b'}');
     }
     out.extend_from_slice(b"},\"frequencies\":[],\"instances\":{");
-    for (i, group) in rows.chunk_by(|a, b| a.worker.instance_id == b.worker.instance_id).enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        let gpu = group.iter().map(|r| r.device).max().unwrap_or(0);
-        let cpu = group.iter().map(|r| r.host).max().unwrap_or(0);
-        let disk = group.iter().map(|r| r.disk).max().unwrap_or(0);
+    for group in instances() {
+        comma(out);
+        let max = |depth: fn(&Row) -> u32| group.iter().map(depth).max().unwrap_or(0);
+        let (gpu, cpu, disk, predicted) = (max(|r| r.device), max(|r| r.host), max(|r| r.disk), max(|r| r.predicted));
         push_u64_key(out, group[0].worker.instance_id);
         out.extend_from_slice(b"{\"longest_matched\":");
         push_u64(out, tokens(gpu.max(cpu).max(disk)));
         out.extend_from_slice(b",\"gpu\":");
         push_u64(out, tokens(gpu));
         out.extend_from_slice(b",\"dp\":{");
-        for (j, r) in group.iter().enumerate() {
-            if j > 0 {
-                out.push(b',');
-            }
+        for r in group {
+            comma(out);
             push_u64_key(out, u64::from(r.worker.dp_rank));
             push_u64(out, tokens(r.device));
         }
@@ -171,7 +126,6 @@ fn write_rows(
         push_u64(out, tokens(cpu));
         out.extend_from_slice(b",\"disk\":");
         push_u64(out, tokens(disk));
-        let predicted = group.iter().map(|r| r.predicted).max().unwrap_or(0);
         if predicted > gpu {
             out.extend_from_slice(b",\"predicted\":");
             push_u64(out, tokens(predicted));
@@ -179,6 +133,15 @@ fn write_rows(
         out.push(b'}');
     }
     out.extend_from_slice(b"}}");
+    ROWS.set(rows);
+}
+
+/// A comma before every member of an object but its first (which follows
+/// the object's `{`).
+fn comma(out: &mut Vec<u8>) {
+    if out.last() != Some(&b'{') {
+        out.push(b',');
+    }
 }
 
 /// Writes `{"error":"<message>"}`.
@@ -186,11 +149,6 @@ pub fn write_error(out: &mut Vec<u8>, message: &str) {
     out.extend_from_slice(b"{\"error\":");
     push_str(out, message);
     out.push(b'}');
-}
-
-/// Writes `{"status":"ok"}`, the body of a successful control request.
-pub fn write_status_ok(out: &mut Vec<u8>) {
-    out.extend_from_slice(b"{\"status\":\"ok\"}");
 }
 
 #[cfg(test)]
@@ -205,7 +163,7 @@ mod tests {
 
     fn render(matches: Vec<WorkerMatch>, registered: &[WorkerId], block_size: u32, blocks: usize) -> Value {
         let mut out = b"prefix".to_vec();
-        write_query_response(&mut out, &Matches { workers: matches }, registered, block_size, blocks);
+        write_query_response(&mut out, &Matches { workers: matches }, registered, &[], block_size, blocks);
         assert!(out.starts_with(b"prefix"), "writers append");
         serde_json::from_slice(&out[6..]).expect("valid JSON")
     }
@@ -251,7 +209,7 @@ mod tests {
     fn output_is_ordered_by_instance_then_rank() {
         let mut out = Vec::new();
         let ms = Matches { workers: vec![m(20, 3, 1, 1, 1), m(3, 0, 1, 1, 1), m(20, 1, 1, 1, 1), m(100, 0, 1, 1, 1)] };
-        write_query_response(&mut out, &ms, &[], 1, 1);
+        write_query_response(&mut out, &ms, &[], &[], 1, 1);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with(r#"{"scores":{"3":{"0":1},"20":{"1":1,"3":1},"100":{"0":1}}"#), "{text}");
     }
@@ -264,7 +222,7 @@ mod tests {
         // Instance 1: rank 1 is predicted 3 blocks, past the instance gpu of 2.
         // Instance 2: a prediction equal to gpu is not written. Instance 5: only predicted.
         let predicted = [p(1, 1, 3), p(2, 0, 2), p(5, 2, 4)];
-        write_query_response_predicted(&mut out, &ms, &[], &predicted, 4, 4);
+        write_query_response(&mut out, &ms, &[], &predicted, 4, 4);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             v,
@@ -292,8 +250,5 @@ mod tests {
         write_error(&mut out, "no indexer for model=\"a\\b\" tenant=\n");
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v, json!({"error": "no indexer for model=\"a\\b\" tenant=\n"}));
-        out.clear();
-        write_status_ok(&mut out);
-        assert_eq!(serde_json::from_slice::<Value>(&out).unwrap(), json!({"status": "ok"}));
     }
 }
