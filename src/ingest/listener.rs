@@ -161,7 +161,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
     while !t.shutdown.load(Ordering::Relaxed) {
         // What the last round made reaches the shards before any control
         // message is taken (a removed listener's batches come first).
-        t.outbox.borrow_mut().flush();
+        flush(&t, &ls);
         if std::mem::take(&mut bell_rang) {
             loop {
                 match control.try_recv() {
@@ -182,7 +182,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                 return;
             }
         }
-        t.outbox.borrow_mut().flush();
+        flush(&t, &ls);
         if std::mem::take(&mut busy) && hot.is_empty() && !t.cfg.coalesce.is_zero() {
             // Let messages gather in ZMQ's pipes: libzmq signals a socket
             // only when its reader found the pipe empty, so one wake-up
@@ -235,6 +235,17 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             l.check_replay_deadline(&t);
             l.replay.is_some()
         });
+    }
+}
+
+/// Sends what this round made to the shards, then publishes each
+/// listener's watermark: a watermark the API can read never runs ahead of
+/// what reached its shard's queue (a snapshot reads the watermarks first,
+/// then drains the shards), including the clears of a restart or resync.
+fn flush(t: &ThreadCtx, ls: &Listeners) {
+    t.outbox.borrow_mut().flush();
+    for l in ls.values() {
+        l.shared.set_last_seq(l.seq.last());
     }
 }
 
@@ -409,7 +420,6 @@ impl Listener {
                     }
                     self.clear_workers(t);
                     self.seq.reset();
-                    self.shared.set_last_seq(None);
                 }
                 Verdict::Gap { from, to, fresh } => {
                     if !fresh {
@@ -482,7 +492,6 @@ impl Listener {
                 // Nothing usable in this batch: it counts as lost.
                 let fresh = self.seq.last().is_none();
                 self.give_up(t, seq, seq + 1, fresh);
-                self.shared.set_last_seq(self.seq.last());
                 return;
             }
         };
@@ -493,7 +502,6 @@ impl Listener {
             return;
         }
         self.seq.accept(seq);
-        self.shared.set_last_seq(Some(seq));
     }
 
     /// Records `rank` as one this stream writes to; false past the limit.
@@ -670,7 +678,6 @@ impl Listener {
                 )
             });
         }
-        self.shared.set_last_seq(self.seq.last());
         if t.gate_open.load(Ordering::Acquire) {
             self.drain_held(t);
         }
