@@ -12,10 +12,10 @@
 //! - at most one arena per core (`M_ARENA_MAX`), so free memory is not
 //!   spread over arenas no thread uses any more; an operator's
 //!   `MALLOC_ARENA_MAX` wins;
-//! - a thread that every `CHECK_INTERVAL_MS` runs what the index deferred
-//!   to crossbeam's epoch collector (pages, runs and tables it unlinked:
-//!   after a clear nothing else pins the collector, so they would stay
-//!   allocated until the next events);
+//! - a thread that every `CHECK_INTERVAL_MS` frees what the indexes
+//!   unlinked and no reader can hold any more (`index::reclaim`: after a
+//!   clear nothing else would, so it would stay allocated until the next
+//!   events);
 //! - then, once the arenas' free bytes (a clear, tables regrown) or the
 //!   resident set (a load: the batches it decoded and freed dirtied pages
 //!   that free chunks still hold, which the free bytes alone do not show
@@ -34,12 +34,6 @@ pub const CHECK_INTERVAL_MS: u64 = 1_000;
 /// Bytes by which the arenas' free chunks or the resident set must have
 /// moved, since the last look or the last trim, for a trim.
 pub const TRIM_MOVED_BYTES: usize = 1 << 20;
-
-/// Most collection rounds per look. A round advances the epoch if it can
-/// and runs up to 8 sealed bags of 64 deferred frees (crossbeam-epoch 0.9),
-/// so this covers half a million frees; a round with nothing left costs
-/// well under a microsecond.
-const EPOCH_ROUNDS: usize = 1024;
 
 /// Applies the settings; call first thing, before other threads start.
 /// Blocks SIGTERM and SIGINT in the calling thread (see `signals`).
@@ -67,9 +61,7 @@ fn trim_loop() {
     let mut after_trim = Looked::now();
     loop {
         std::thread::sleep(std::time::Duration::from_millis(CHECK_INTERVAL_MS));
-        for _ in 0..EPOCH_ROUNDS {
-            crossbeam::epoch::pin().flush();
-        }
+        kv_indexer::index::reclaim();
         let now = Looked::now();
         // Against the last look: frees that landed while the last trim ran
         // (a clear under way) count now. Against the last trim: slow drift.

@@ -23,6 +23,7 @@ mod dump;
 mod members;
 mod pages;
 mod query;
+mod reclaim;
 mod records;
 mod runs;
 mod slots;
@@ -32,6 +33,7 @@ mod workers;
 mod writer;
 
 pub use budget::Budget;
+pub use reclaim::reclaim;
 
 use crate::event::{Event, EventKind, WorkerId};
 use parking_lot::{Mutex, RwLock};
@@ -232,10 +234,8 @@ impl Index {
                 out.cleared = self.with_worker(event.worker, false, |st| writer::clear(&ctx, st)).unwrap_or(0) as u32;
             }
         }
-        // What the event replaced goes to the global queue now and the writer
-        // frees whatever is safe to free: left to pile up, it would be freed
-        // by whichever thread pins next, readers too, hundreds at a time.
-        guard.flush();
+        drop(guard);
+        reclaim::after_write();
         out
     }
 
@@ -263,6 +263,8 @@ impl Index {
             *h.cell.lock() = None;
         }
         workers.release(&self.shared.slots, worker);
+        drop(workers);
+        reclaim::after_write();
         true
     }
 

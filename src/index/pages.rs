@@ -9,6 +9,7 @@
 //! memory. Pages come zeroed from the allocator, so their elements must be
 //! valid when all their bytes are zero (atomics and raw pointers are).
 
+use super::reclaim;
 use crossbeam::epoch::{self, Atomic, Guard, Owned};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::marker::PhantomData;
@@ -50,7 +51,7 @@ impl<T: Zeroable, const N: usize> Pages<T, N> {
     #[inline]
     pub(crate) fn get<'g>(&self, i: u32, guard: &'g Guard) -> Option<&'g T> {
         let dir = self.dir.load(Ordering::Acquire, guard);
-        // SAFETY: directories are freed through `defer_destroy` only.
+        // SAFETY: directories are freed through `reclaim` only.
         let dir = unsafe { dir.as_ref() }?;
         let page = dir.pages.get(i as usize / N)?.load(Ordering::Acquire);
         if page.is_null() {
@@ -88,10 +89,8 @@ impl<T: Zeroable, const N: usize> Pages<T, N> {
                 })
                 .collect();
             let old = self.dir.swap(Owned::new(Directory { pages }), Ordering::AcqRel, &guard);
-            if !old.is_null() {
-                // SAFETY: unreachable now; readers holding it are pinned.
-                unsafe { guard.defer_destroy(old) };
-            }
+            // SAFETY: unreachable now; readers holding it are pinned.
+            unsafe { reclaim::retire_shared(old, have * 8) };
         }
         let dir = self.dir.load(Ordering::Acquire, &guard);
         // SAFETY: just ensured non-null and long enough.
@@ -118,10 +117,14 @@ impl<T: Zeroable, const N: usize> Pages<T, N> {
             return;
         }
         self.live.fetch_sub(1, Ordering::Relaxed);
-        let addr = p as usize;
         // SAFETY: the page is unreachable from the directory; readers that
-        // loaded it are pinned, and the closure runs after they unpin.
-        unsafe { guard.defer_unchecked(move || dealloc(addr as *mut u8, Self::layout())) };
+        // loaded it are pinned, and it is freed after they unpin.
+        unsafe { reclaim::retire(p as *mut u8, Self::free_page, Self::layout().size()) };
+    }
+
+    unsafe fn free_page(p: *mut u8) {
+        // SAFETY: `release` passes a page from `alloc_zeroed` with this layout.
+        unsafe { dealloc(p, Self::layout()) };
     }
 
     /// Whether page `page` is allocated (writer only).

@@ -18,11 +18,12 @@
 
 use super::chain::Chains;
 use super::members::GroupSegs;
+use super::reclaim;
 use super::runs::RunView;
 use super::slots::{SlotTable, GROUP_BITS};
 use super::tree::Shared;
 use super::{Matches, WorkerMatch};
-use crossbeam::epoch::{self, Guard};
+use crossbeam::epoch::Guard;
 
 const G: usize = GROUP_BITS as usize;
 
@@ -239,7 +240,7 @@ pub(crate) fn find<L, W>(shared: &Shared, chains: &mut Chains, jump: usize, lock
 where
     L: Fn() -> W,
 {
-    let guard = epoch::pin();
+    let guard = reclaim::pin_for_query();
     let jump = jump.max(1) as u32;
     let workers: Vec<WorkerMatch> = shared.slots.read(&guard, |table: &SlotTable| {
         let mut pending: Vec<(usize, u64)> =

@@ -7,6 +7,7 @@
 //! consistent table without taking a lock. A slot is only recycled after
 //! every bit it owned has been cleared.
 
+use super::reclaim;
 use crate::event::WorkerId;
 use crossbeam::epoch::{self, Atomic, Owned};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,7 +116,8 @@ impl PublishedSlots {
         let old = self.current.swap(Owned::new(table), Ordering::AcqRel, &guard);
         // SAFETY: `old` is no longer reachable from `current`; readers that
         // still hold it are pinned, so destruction waits for them.
-        unsafe { guard.defer_destroy(old) };
+        let bytes = unsafe { old.as_ref() }.map_or(0, |t| t.workers.len() * 24 + t.live.len() * 16);
+        unsafe { reclaim::retire_shared(old, bytes) };
     }
 }
 

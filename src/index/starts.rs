@@ -11,6 +11,7 @@
 //! epochs. Linear probing, backward-shift deletion, growth at 3/4 load,
 //! shrinking below 1/8. Only the index's writer mutates it.
 
+use super::reclaim;
 use crossbeam::epoch::{self, Atomic, Guard, Owned};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -92,7 +93,7 @@ impl Starts {
                 continue;
             }
             let t = self.table.load(Ordering::Acquire, guard);
-            // SAFETY: tables are freed through `defer_destroy` only.
+            // SAFETY: tables are freed through `reclaim` only.
             let run = unsafe { t.as_ref() }.and_then(|t| t.find(chain).map(|i| t.slots[i].run.load(Ordering::Relaxed)));
             fence(Ordering::Acquire);
             if self.version.load(Ordering::Relaxed) == v1 {
@@ -122,10 +123,9 @@ impl Starts {
         let v = self.begin();
         let old = self.table.swap(new, Ordering::AcqRel, guard);
         self.end(v);
-        if !old.is_null() {
-            // SAFETY: unreachable now; readers still holding it are pinned.
-            unsafe { guard.defer_destroy(old) };
-        }
+        // SAFETY: unreachable now; readers still holding it are pinned.
+        let bytes = unsafe { old.as_ref() }.map_or(0, |t| t.slots.len() * std::mem::size_of::<Slot>());
+        unsafe { reclaim::retire_shared(old, bytes) };
     }
 
     fn rebuild(&self, capacity: usize, guard: &Guard) {

@@ -18,6 +18,7 @@
 use super::blocks::{ChunkAlloc, ChunkOwner, ChunkPages, CHUNK_BLOCKS, NIL};
 use super::budget::Budget;
 use super::members::{self, Change, Members};
+use super::reclaim;
 use super::runs::{ChunkList, RunHeader, RunPages, PAGE_RUNS};
 use super::slots::PublishedSlots;
 use super::starts::Starts;
@@ -87,13 +88,9 @@ fn list_bytes(cap: usize) -> usize {
 }
 
 /// Frees a published value once no reader can hold it.
-fn retire<T: Send + 'static>(p: *mut T) {
-    if p.is_null() {
-        return;
-    }
-    let guard = epoch::pin();
-    // SAFETY: the pointer was unlinked by the caller; readers that loaded it are pinned.
-    unsafe { guard.defer_destroy(epoch::Shared::from(p as *const T)) };
+fn retire<T>(p: *mut T, bytes: usize) {
+    // SAFETY: the callers unlinked `p`, which came from `Box::into_raw`.
+    unsafe { reclaim::retire_box(p, bytes) };
 }
 
 impl Tree {
@@ -220,10 +217,9 @@ impl Tree {
         let new = new.map_or(std::ptr::null_mut(), Box::into_raw);
         let old = self.header(shared, run).members[tier].swap(new, Ordering::AcqRel);
         // SAFETY: only the writer publishes members; `old` came from Box::into_raw.
-        if let Some(m) = unsafe { old.as_ref() } {
-            self.side_bytes -= m.bytes();
-        }
-        retire(old);
+        let old_bytes = unsafe { old.as_ref() }.map_or(0, |m| m.bytes());
+        self.side_bytes -= old_bytes;
+        retire(old, old_bytes);
     }
 
     /// Sets or clears the holder's bit over `a..b` of `run` in its tier.
@@ -289,7 +285,7 @@ impl Tree {
             self.side_bytes += list_bytes(cap);
             self.side_bytes -= list_bytes(list.ids.len());
             let old = h.chunks.swap(Box::into_raw(Box::new(ChunkList { ids })), Ordering::AcqRel);
-            retire(old);
+            retire(old, list_bytes(list.ids.len()));
         } else {
             for (k, &c) in fresh.iter().enumerate() {
                 list.ids[have + k].store(c, Ordering::Release);
@@ -450,8 +446,9 @@ impl Tree {
                 self.alloc.free(&shared.chunks, c);
             }
         }
-        self.side_bytes -= list_bytes(unsafe { &*list }.ids.len());
-        retire(list);
+        let freed = list_bytes(unsafe { &*list }.ids.len());
+        self.side_bytes -= freed;
+        retire(list, freed);
         for tier in 0..4 {
             self.set_members(shared, run, tier, Change::Replace(None));
         }
