@@ -15,6 +15,10 @@
 //! only while it changes runs and members, and one worker's events must
 //! arrive in order (one owner per worker). See `tree` for the shape,
 //! `writer` for applying events and `query` for the search.
+//!
+//! Memory a write unlinks is freed by later writes once no query can hold
+//! it; a program whose indexes may go quiet calls `reclaim` now and then
+//! (the daemon does, each second) so the last of it goes too.
 
 mod blocks;
 mod budget;
