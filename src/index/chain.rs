@@ -71,16 +71,29 @@ pub(crate) fn local_of(parent: Option<u64>, chain: u64) -> u64 {
     h0.wrapping_mul(K1_INV)
 }
 
-/// The chain hashes of a query, computed only as far as the search looks.
+/// The chain hashes of a query, computed only as far as the search looks,
+/// the latest of them kept in a ring.
+///
+/// The search never looks back more than a jump behind the furthest block
+/// it reached, so a ring of a few jumps holds every chain it asks for
+/// again; a walk that starts over (a retry) computes them anew. Nothing
+/// is written per block but the ring: a query of thousands of blocks
+/// would otherwise write 8 bytes a block to memory it last touched a
+/// query ago.
 pub(crate) struct Chains<'a> {
     locals: &'a [u64],
-    chains: &'a mut Vec<u64>,
+    ring: &'a mut Vec<u64>,
+    /// Chains of positions below this have been computed.
+    next: usize,
 }
 
 impl<'a> Chains<'a> {
-    pub(crate) fn new(locals: &'a [u64], chains: &'a mut Vec<u64>) -> Self {
-        chains.clear();
-        Chains { locals, chains }
+    /// `jump` is the farthest the search looks back (at least 1).
+    pub(crate) fn new(locals: &'a [u64], ring: &'a mut Vec<u64>, jump: usize) -> Self {
+        let len = (2 * jump + 2).next_power_of_two().max(64);
+        ring.clear();
+        ring.resize(len, 0);
+        Chains { locals, ring, next: 0 }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -90,21 +103,25 @@ impl<'a> Chains<'a> {
     /// The chain hash at position `i` (< len).
     #[inline]
     pub(crate) fn at(&mut self, i: usize) -> u64 {
-        let k = self.chains.len();
-        if i < k {
-            return self.chains[i];
+        let mask = self.ring.len() - 1;
+        if i < self.next {
+            if i + self.ring.len() >= self.next {
+                return self.ring[i & mask];
+            }
+            self.next = 0;
         }
         // The chain so far stays in a register; the mixers of the locals
         // ahead are independent of it and overlap.
-        let mut c = match k {
+        let mut c = match self.next {
             0 => self.locals[0],
-            _ => next(self.chains[k - 1], self.locals[k]),
+            k => next(self.ring[(k - 1) & mask], self.locals[k]),
         };
-        self.chains.push(c);
-        for &local in &self.locals[k + 1..=i] {
-            c = next(c, local);
-            self.chains.push(c);
+        self.ring[self.next & mask] = c;
+        for k in self.next + 1..=i {
+            c = next(c, self.locals[k]);
+            self.ring[k & mask] = c;
         }
+        self.next = i + 1;
         c
     }
 }
@@ -137,9 +154,30 @@ mod tests {
     fn lazy_chains_match_eager_ones() {
         let locals = [5u64, 6, 7, 8];
         let mut buf = Vec::new();
-        let mut c = Chains::new(&locals, &mut buf);
+        let mut c = Chains::new(&locals, &mut buf, 1);
         let last = c.at(3);
         assert_eq!(c.at(0), 5);
         assert_eq!(last, next(next(next(5, 6), 7), 8));
+    }
+
+    /// Positions asked in any order, far behind the furthest one too (a
+    /// walk that starts over), give the chains computed eagerly.
+    #[test]
+    fn ring_chains_match_eager_ones_in_any_order() {
+        let locals: Vec<u64> = (0..1000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 77).collect();
+        let mut eager = vec![locals[0]];
+        for &l in &locals[1..] {
+            eager.push(next(*eager.last().unwrap(), l));
+        }
+        let mut buf = Vec::new();
+        let mut c = Chains::new(&locals, &mut buf, 4);
+        let mut x = 12345u64;
+        for round in 0..5000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let i =
+                if round % 7 == 0 { (x >> 33) as usize % locals.len() } else { (x >> 33) as usize % 40 + round % 900 };
+            let i = i.min(locals.len() - 1);
+            assert_eq!(c.at(i), eager[i], "position {i}");
+        }
     }
 }

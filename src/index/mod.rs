@@ -276,7 +276,7 @@ impl Index {
     pub fn find_matches(&self, local_hashes: &[u64]) -> Matches {
         CHAIN_SCRATCH.with(|s| {
             let mut chains = s.borrow_mut();
-            let mut chains = chain::Chains::new(local_hashes, &mut chains);
+            let mut chains = chain::Chains::new(local_hashes, &mut chains, self.jump);
             query::find(&self.shared, &mut chains, self.jump, || self.tree.lock())
         })
     }
