@@ -240,15 +240,39 @@ pub(crate) fn find<L, W>(shared: &Shared, chains: &mut Chains, jump: usize, lock
 where
     L: Fn() -> W,
 {
+    SCRATCH.with(|s| find_with(shared, chains, jump, lock_writer, &mut s.borrow_mut()))
+}
+
+/// What a query works in, kept per thread so a query allocates nothing
+/// but its answer.
+#[derive(Default)]
+struct Scratch {
+    /// Groups (and their workers) still to be answered.
+    pending: Vec<(usize, u64)>,
+    /// Groups to walk again after this attempt.
+    still: Vec<(usize, u64)>,
+    /// Each finished sweep with the workers whose answers it gives.
+    results: Vec<(Sweep, u64)>,
+    sweeps: Vec<Sweep>,
+    before: Vec<[u64; G]>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+fn find_with<L, W>(shared: &Shared, chains: &mut Chains, jump: usize, lock_writer: L, s: &mut Scratch) -> Matches
+where
+    L: Fn() -> W,
+{
     let guard = reclaim::pin_for_query();
     let jump = jump.max(1) as u32;
+    let Scratch { pending, still, results, sweeps, before } = s;
     let workers: Vec<WorkerMatch> = shared.slots.read(&guard, |table: &SlotTable| {
-        let mut pending: Vec<(usize, u64)> =
-            (0..table.groups()).map(|g| (g, table.live[g])).filter(|&(_, m)| m != 0).collect();
-        // Each finished sweep with the workers whose answers it gives.
-        let mut results: Vec<(Sweep, u64)> = Vec::with_capacity(pending.len());
+        pending.clear();
+        pending.extend((0..table.groups()).map(|g| (g, table.live[g])).filter(|&(_, m)| m != 0));
+        results.clear();
         let mut deadline = None;
-        let mut before = vec![[0u64; G]; pending.len()];
         let mut after = [0u64; G];
         for attempt in 0..=RETRIES_MAX {
             if pending.is_empty() {
@@ -258,13 +282,14 @@ where
                 let d = *deadline.get_or_insert_with(|| {
                     std::time::Instant::now() + std::time::Duration::from_micros(WAIT_EVEN_MAX_US)
                 });
-                wait_between_events(table, &pending, d);
+                wait_between_events(table, pending, d);
             }
             let _held = (attempt == RETRIES_MAX).then(&lock_writer);
             // The first walk checks each group by its summary word, which
             // settles a quiet group in one read; a group that was not quiet
             // is walked again, checked slot by slot.
             let quick = attempt == 0;
+            before.clear();
             before.resize(pending.len(), [0; G]);
             for (k, &(group, mask)) in pending.iter().enumerate() {
                 if quick {
@@ -273,11 +298,12 @@ where
                     table.read_versions(group, mask, &mut before[k]);
                 }
             }
-            let mut sweeps: Vec<Sweep> = pending.iter().map(|&(g, m)| Sweep::new(g as u32, m)).collect();
-            let torn = walk(shared, chains, jump, &mut sweeps, &guard) && attempt < RETRIES_MAX;
+            sweeps.clear();
+            sweeps.extend(pending.iter().map(|&(g, m)| Sweep::new(g as u32, m)));
+            let torn = walk(shared, chains, jump, sweeps, &guard) && attempt < RETRIES_MAX;
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-            let mut still = Vec::new();
-            for (k, s) in sweeps.into_iter().enumerate() {
+            still.clear();
+            for (k, s) in sweeps.drain(..).enumerate() {
                 let (group, mask) = pending[k];
                 let mut unstable = 0u64;
                 if torn {
@@ -300,12 +326,12 @@ where
                     still.push((group, unstable));
                 }
             }
-            pending = still;
+            std::mem::swap(pending, still);
         }
         let mut out = Vec::new();
-        for (s, taken) in results {
+        for (s, taken) in results.iter() {
             let group = s.group as usize;
-            each(taken, |b| {
+            each(*taken, |b| {
                 if s.last[b] > 0 {
                     if let Some(worker) = table.worker(group, b as u32) {
                         out.push(WorkerMatch { worker, device: s.device[b], host: s.host[b], disk: s.last[b] });
