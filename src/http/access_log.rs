@@ -10,20 +10,22 @@
 //! (`unknown` for a path that is none); `model` the request's `model_name`
 //! where the endpoint takes one and the body said it, else `-`.
 //!
-//! Request threads never wait on the disk: they put a record on a bounded
-//! queue (`QUEUE_LINES_MAX`) and go on; one writer thread formats, writes
-//! and flushes whenever the queue runs dry. A full queue drops the record
-//! and counts it (`kv_indexer_access_log_dropped_total`). A reopen travels
+//! Request threads never wait on the disk: they put a record on a queue of
+//! at most `QUEUE_LINES_MAX` records and go on; one writer thread formats,
+//! writes and flushes whenever the queue runs dry. A full queue drops the
+//! record and counts it (`kv_indexer_access_log_dropped_total`). The queue
+//! is a linked one whose memory follows what is queued (a ring of that many
+//! slots would hold about 9 MiB resident from the start). A reopen travels
 //! the same queue, so lines before it land in the old file and lines after
 //! it in the new one; if the new file cannot be opened the old one is kept
 //! and the reopen reports the error.
 
-use crossbeam::channel::{bounded, Receiver, Sender, TrySendError};
+use crossbeam::channel::{bounded, unbounded, Receiver, Sender};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -83,6 +85,8 @@ enum Msg {
 /// The running access log: a queue and its writer thread.
 pub struct AccessLog {
     tx: Sender<Msg>,
+    /// Records sent and not yet taken by the writer.
+    queued: Arc<AtomicUsize>,
     trace_id_header: String,
     dropped: AtomicU64,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -94,16 +98,19 @@ impl AccessLog {
     pub fn open(cfg: &AccessLogConfig) -> Result<Option<AccessLog>, String> {
         let Some(path) = cfg.path.clone() else { return Ok(None) };
         let file = open_append(&path)?;
-        let (tx, rx) = bounded(QUEUE_LINES_MAX);
+        let (tx, rx) = unbounded();
+        let queued = Arc::new(AtomicUsize::new(0));
         let local_time = cfg.local_time;
+        let taken = Arc::clone(&queued);
         let writer = std::thread::Builder::new()
             .name("access-log".into())
             .spawn(move || {
-                Writer { path, file, local_time, pending: Vec::new(), errors: 0, last_warning: None }.run(rx)
+                Writer { path, file, local_time, pending: Vec::new(), errors: 0, last_warning: None }.run(rx, &taken)
             })
             .map_err(|e| format!("cannot start the access log writer: {e}"))?;
         Ok(Some(AccessLog {
             tx,
+            queued,
             trace_id_header: cfg.trace_id_header.clone(),
             dropped: AtomicU64::new(0),
             writer: Mutex::new(Some(writer)),
@@ -117,7 +124,8 @@ impl AccessLog {
 
     /// Queues a line; never blocks. A full queue drops it, counted.
     pub fn record(&self, r: Record) {
-        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(Msg::Line(r)) {
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= QUEUE_LINES_MAX || self.tx.send(Msg::Line(r)).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -132,14 +140,14 @@ impl AccessLog {
     pub fn reopen(&self) -> Result<(), String> {
         let timeout = Duration::from_millis(REOPEN_TIMEOUT_MS);
         let (done_tx, done_rx) = bounded(1);
-        self.tx.send_timeout(Msg::Reopen(done_tx), timeout).map_err(|_| "the access log writer is busy".to_string())?;
+        self.tx.send(Msg::Reopen(done_tx)).map_err(|_| "the access log writer has stopped".to_string())?;
         done_rx.recv_timeout(timeout).map_err(|_| "the access log writer did not answer".to_string())?
     }
 
     /// Writes what is queued, flushes and stops the writer.
     pub fn stop(&self) {
         let Some(writer) = self.writer.lock().ok().and_then(|mut w| w.take()) else { return };
-        if self.tx.send_timeout(Msg::Stop, Duration::from_millis(REOPEN_TIMEOUT_MS)).is_ok() {
+        if self.tx.send(Msg::Stop).is_ok() {
             let _ = writer.join();
         }
     }
@@ -170,13 +178,16 @@ struct Writer {
 }
 
 impl Writer {
-    fn run(mut self, rx: Receiver<Msg>) {
+    fn run(mut self, rx: Receiver<Msg>, queued: &AtomicUsize) {
         // Block until something arrives, then take what is queued and write
         // it in one go.
         while let Ok(first) = rx.recv() {
             for msg in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match msg {
-                    Msg::Line(r) => self.format(&r),
+                    Msg::Line(r) => {
+                        queued.fetch_sub(1, Ordering::Relaxed);
+                        self.format(&r);
+                    }
                     Msg::Reopen(done) => {
                         self.flush();
                         let _ = done.send(open_append(&self.path).map(|f| self.file = f));
@@ -306,6 +317,42 @@ mod tests {
     fn long_trace_ids_are_cut_on_a_char_boundary() {
         assert_eq!(cut("aé", 2), "a");
         assert_eq!(cut("abc", 5), "abc");
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_and_a_taken_record_makes_room() {
+        let (tx, rx) = unbounded();
+        let log = AccessLog {
+            tx,
+            queued: Arc::new(AtomicUsize::new(0)),
+            trace_id_header: "x-trace-id".into(),
+            dropped: AtomicU64::new(0),
+            writer: Mutex::new(None),
+        };
+        let rec = || Record {
+            at: UNIX_EPOCH,
+            trace_id: None,
+            method: "GET".into(),
+            path: "/health",
+            model: None,
+            status: 200,
+            duration: Duration::ZERO,
+        };
+        for _ in 0..QUEUE_LINES_MAX + 3 {
+            log.record(rec());
+        }
+        assert_eq!((rx.len(), log.dropped()), (QUEUE_LINES_MAX, 3));
+        // The writer takes one: one more fits, the next is dropped again.
+        assert!(matches!(rx.try_recv(), Ok(Msg::Line(_))));
+        log.queued.fetch_sub(1, Ordering::Relaxed);
+        log.record(rec());
+        log.record(rec());
+        assert_eq!((rx.len(), log.dropped()), (QUEUE_LINES_MAX, 4));
+        // No writer at all: every record is dropped, none counted as queued.
+        drop(rx);
+        log.queued.store(0, Ordering::Relaxed);
+        log.record(rec());
+        assert_eq!((log.queued.load(Ordering::Relaxed), log.dropped()), (0, 5));
     }
 
     #[test]
