@@ -35,6 +35,7 @@ use std::time::Duration;
 /// Runs the daemon until a stop signal; Err is a startup failure to report.
 pub fn run(cfg: Config) -> Result<(), String> {
     crate::log::init(cfg.log_level, cfg.log_format);
+    raise_open_files_limit();
     crate::signals::block();
     let hangup = crate::signals::Hangup::default();
     let stop = crate::signals::wait_for_stop(hangup.clone());
@@ -166,4 +167,24 @@ pub fn run(cfg: Config) -> Result<(), String> {
     }
     crate::info!("stopped");
     Ok(())
+}
+
+/// Raises the soft limit on open files to the hard one. A worker holds
+/// about six descriptors (its TCP connection and its ZMQ sockets'
+/// mailboxes), so the usual soft limit of 1,024 would refuse workers past
+/// about 160 while the hard limit (systemd's default 524,288) allows more.
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write only `lim`, ours.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 || lim.rlim_cur >= lim.rlim_max {
+        return;
+    }
+    let from = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+        crate::info!("open files limit raised from {from} to {}", lim.rlim_max);
+    } else {
+        let e = std::io::Error::last_os_error();
+        crate::warn!("open files limit stays at {from} (raising it to {} failed: {e})", lim.rlim_max);
+    }
 }

@@ -37,15 +37,16 @@ use super::replay::ReplayRun;
 use super::sequencer::{Sequencer, Verdict};
 use super::shard::ShardMsg;
 use super::status::{ListenerId, ListenerShared, ListenerSpec};
+use super::zmq_context::{ZmqContext, ZmqSocket};
 use crate::event::WorkerId;
 
 /// A listener ready to be run: sockets created and connected by the API.
 pub(crate) struct NewListener {
     pub id: ListenerId,
     pub spec: ListenerSpec,
-    pub sub: zmq::Socket,
+    pub sub: ZmqSocket,
     /// PAIR socket receiving the SUB socket's monitor events.
-    pub monitor: zmq::Socket,
+    pub monitor: ZmqSocket,
     pub shared: Arc<ListenerShared>,
     /// Watermark kept from an earlier registration of the same key.
     pub last_seq: Option<u64>,
@@ -77,7 +78,7 @@ pub(crate) struct Removed {
 
 /// What every listener thread shares.
 pub(crate) struct ThreadCtx {
-    pub ctx: zmq::Context,
+    pub ctx: ZmqContext,
     pub cfg: IngestConfig,
     /// The way to the shards (one's state, when this thread runs it).
     pub outbox: RefCell<Outbox>,
@@ -106,8 +107,8 @@ impl ThreadCtx {
 struct Listener {
     id: ListenerId,
     spec: ListenerSpec,
-    sub: zmq::Socket,
-    monitor: zmq::Socket,
+    sub: ZmqSocket,
+    monitor: ZmqSocket,
     shared: Arc<ListenerShared>,
     seq: Sequencer,
     /// Dp ranks this stream has named (the registered one first): the

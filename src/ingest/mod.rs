@@ -100,6 +100,7 @@ mod service;
 mod shard;
 mod sink;
 mod status;
+mod zmq_context;
 
 pub use config::{
     IngestConfig, BLOCK_SIZE_MAX, COALESCE_US_DEFAULT, COALESCE_US_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX,

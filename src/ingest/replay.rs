@@ -10,9 +10,11 @@
 
 use std::time::{Duration, Instant};
 
+use super::zmq_context::{ZmqContext, ZmqSocket};
+
 /// A replay request and what it has delivered so far.
 pub(crate) struct ReplayRun {
-    pub socket: zmq::Socket,
+    pub socket: ZmqSocket,
     /// The missing range asked for: `from..to`.
     pub from: u64,
     pub to: u64,
@@ -35,7 +37,7 @@ impl ReplayRun {
     /// Connects to `endpoint` and asks for every buffered batch from `from`
     /// on; up to `batches_max` replies (and the end marker) can wait unread.
     pub(crate) fn start(
-        ctx: &zmq::Context,
+        ctx: &ZmqContext,
         endpoint: &str,
         from: u64,
         to: u64,
@@ -65,7 +67,7 @@ impl ReplayRun {
     /// the old request go with the old socket. Range, deadline and counts stay.
     pub(crate) fn retry(
         &mut self,
-        ctx: &zmq::Context,
+        ctx: &ZmqContext,
         endpoint: &str,
         from: u64,
         batches_max: usize,
@@ -79,7 +81,7 @@ impl ReplayRun {
 }
 
 /// A DEALER socket connected to `endpoint` with the request for `from..` sent.
-fn request(ctx: &zmq::Context, endpoint: &str, from: u64, batches_max: usize) -> Result<zmq::Socket, String> {
+fn request(ctx: &ZmqContext, endpoint: &str, from: u64, batches_max: usize) -> Result<ZmqSocket, String> {
     let err = |what: &str, e: zmq::Error| format!("replay {what} {endpoint}: {e}");
     let socket = ctx.socket(zmq::DEALER).map_err(|e| err("socket for", e))?;
     socket.set_linger(0).map_err(|e| err("linger on", e))?;

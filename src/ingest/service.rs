@@ -26,6 +26,7 @@ use super::poller::Doorbell;
 use super::shard::{run_shard, shard_for, Shard, ShardMsg};
 use super::sink::EventSink;
 use super::status::{ListenerId, ListenerInfo, ListenerShared, ListenerSpec};
+use super::zmq_context::{ZmqContext, ZmqSocket};
 use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::WorkerId;
 use crate::wire::SkipCounters;
@@ -126,7 +127,7 @@ pub struct Ingest {
     cfg: IngestConfig,
     /// Tells this pipeline's inproc monitor addresses from another's.
     uid: u64,
-    ctx: zmq::Context,
+    ctx: ZmqContext,
 }
 
 static NEXT_INGEST_UID: AtomicU64 = AtomicU64::new(0);
@@ -162,7 +163,7 @@ impl Ingest {
     pub fn start(cfg: IngestConfig) -> Result<Ingest, IngestError> {
         cfg.validate().map_err(IngestError::InvalidConfig)?;
         let (listener_count, shard_count) = cfg.thread_counts();
-        let ctx = zmq::Context::new();
+        let ctx = ZmqContext::new().map_err(IngestError::Resource)?;
         let counters = Arc::new(Counters::default());
         let skips = Arc::new(SkipCounters::default());
         let held_gauge = Arc::new(AtomicU64::new(0));
@@ -442,7 +443,7 @@ impl Ingest {
         }
     }
 
-    fn open_sub(&self, id: ListenerId, endpoint: &str) -> Result<(zmq::Socket, zmq::Socket), IngestError> {
+    fn open_sub(&self, id: ListenerId, endpoint: &str) -> Result<(ZmqSocket, ZmqSocket), IngestError> {
         let res = |e: zmq::Error| IngestError::Resource(e.to_string());
         let cfg = &self.cfg;
         let sub = self.ctx.socket(zmq::SUB).map_err(res)?;

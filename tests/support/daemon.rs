@@ -26,12 +26,44 @@ impl Daemon {
     }
 
     pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Self::spawn(Self::command(args, env))
+    }
+
+    /// Starts the daemon with its soft limit on open files at `soft` (its
+    /// hard limit unchanged), as a shell's `ulimit -Sn` would.
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn start_with_open_files(args: &[&str], soft: u64) -> Daemon {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Self::command(args, &[]);
+        // SAFETY: between fork and exec only getrlimit and setrlimit run,
+        // both async-signal-safe, on a local struct.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                lim.rlim_cur = soft.min(lim.rlim_max);
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Self::spawn(cmd)
+    }
+
+    fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kv-indexer"));
         cmd.args(["--port", "0", "--host", "127.0.0.1", "--no-pin"]).args(args);
         cmd.env_remove("NOTIFY_SOCKET").env_remove("DYN_ROUTER_MIN_INITIAL_WORKERS");
         for (k, v) in env {
             cmd.env(k, v);
         }
+        cmd
+    }
+
+    fn spawn(mut cmd: Command) -> Daemon {
         let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().expect("starting kv-indexer");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
