@@ -68,18 +68,17 @@ impl Connection {
             self.handshaking = false;
             // A later outage is news again: its first failure is logged at once.
             self.log.reset();
-            shared.set_connected(true);
+            shared.set_connected();
             // The first connection is no reconnection: a new listener's
             // sequencer already treats a kept watermark as crossed by one.
             return std::mem::replace(&mut self.ever_connected, true);
         } else if event == E::DISCONNECTED.to_raw() {
-            shared.set_connected(false);
             if std::mem::take(&mut self.handshaking) {
                 shared.set_failed(format!(
                     "{endpoint} closed the connection during the ZMQ handshake; is it the engine's KV event PUB socket?"
                 ));
-            } else if !shared.is_failed() {
-                shared.set_error(format!("lost connection to {endpoint}; reconnecting"));
+            } else {
+                shared.set_disconnected(format!("lost connection to {endpoint}; reconnecting"));
             }
         } else if event == E::CONNECT_RETRIED.to_raw() && !shared.is_failed() {
             // A failure's reason says more than "retrying": keep it.

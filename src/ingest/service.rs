@@ -513,14 +513,15 @@ fn check_spec(spec: &ListenerSpec) -> Result<(), IngestError> {
 }
 
 fn info(id: ListenerId, e: &ListenerEntry, gate_open: bool) -> ListenerInfo {
+    let (status, last_error) = e.shared.state(gate_open);
     ListenerInfo {
         id,
         worker: e.spec.worker,
         endpoint: e.spec.endpoint.clone(),
         replay_endpoint: e.spec.replay_endpoint.clone(),
         block_size: e.spec.block_size,
-        status: e.shared.status(gate_open),
-        last_error: e.shared.last_error(),
+        status,
+        last_error,
         last_seq: e.shared.last_seq(),
         batches_received: e.shared.batches_received.load(Ordering::Relaxed),
     }

@@ -2,7 +2,7 @@
 //! state, last error and watermark, shared through atomics and one small lock.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -87,77 +87,82 @@ const NO_SEQ: u64 = u64::MAX;
 pub(crate) struct ListenerShared {
     /// Names the listener in log lines: instance, rank and endpoint.
     pub label: String,
-    connected: AtomicBool,
-    failed: AtomicBool,
+    /// Changed and read whole, so a status never shows without the error
+    /// that explains it.
+    conn: Mutex<Conn>,
     last_seq: AtomicU64,
     /// Batches received on this listener.
     pub batches_received: AtomicU64,
-    last_error: Mutex<Option<String>>,
+}
+
+#[derive(Debug, Default)]
+struct Conn {
+    connected: bool,
+    failed: bool,
+    last_error: Option<String>,
 }
 
 impl ListenerShared {
     pub(crate) fn new(label: String, last_seq: Option<u64>) -> Self {
         Self {
             label,
-            connected: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
+            conn: Mutex::new(Conn::default()),
             last_seq: AtomicU64::new(last_seq.unwrap_or(NO_SEQ)),
             batches_received: AtomicU64::new(0),
-            last_error: Mutex::new(None),
         }
     }
 
-    pub(crate) fn status(&self, gate_open: bool) -> ListenerStatus {
-        if self.failed.load(Ordering::Relaxed) {
+    /// The status and the last error, read together.
+    pub(crate) fn state(&self, gate_open: bool) -> (ListenerStatus, Option<String>) {
+        let c = self.conn.lock();
+        let status = if c.failed {
             ListenerStatus::Failed
-        } else if !self.connected.load(Ordering::Relaxed) {
+        } else if !c.connected {
             ListenerStatus::Pending
         } else if !gate_open {
             ListenerStatus::Paused
         } else {
             ListenerStatus::Active
+        };
+        (status, c.last_error.clone())
+    }
+
+    /// A good connection, which ends whatever went wrong before.
+    pub(crate) fn set_connected(&self) {
+        let mut c = self.conn.lock();
+        if !c.connected {
+            crate::info!("listener {}: connected", self.label);
+        }
+        *c = Conn { connected: true, failed: false, last_error: None };
+    }
+
+    /// The connection lost, with why: `error` unless the listener has
+    /// failed, whose reason stays.
+    pub(crate) fn set_disconnected(&self, error: String) {
+        let mut c = self.conn.lock();
+        if std::mem::replace(&mut c.connected, false) {
+            crate::warn!("listener {}: disconnected; reconnecting", self.label);
+        }
+        if !c.failed {
+            c.last_error = Some(cut(error));
         }
     }
 
-    pub(crate) fn set_connected(&self, connected: bool) {
-        if self.connected.swap(connected, Ordering::Relaxed) != connected {
-            if connected {
-                crate::info!("listener {}: connected", self.label);
-            } else {
-                crate::warn!("listener {}: disconnected; reconnecting", self.label);
-            }
-        }
-        if connected {
-            // A good connection ends whatever went wrong before.
-            self.failed.store(false, Ordering::Relaxed);
-            *self.last_error.lock() = None;
-        }
-    }
-
+    /// The peer is not a publisher (or not one we can speak to).
     pub(crate) fn set_failed(&self, error: String) {
-        if !self.failed.swap(true, Ordering::Relaxed) {
+        let mut c = self.conn.lock();
+        if !std::mem::replace(&mut c.failed, true) {
             crate::warn!("listener {}: failed: {error}", self.label);
         }
-        self.set_error(error);
+        c.last_error = Some(cut(error));
     }
 
     pub(crate) fn is_failed(&self) -> bool {
-        self.failed.load(Ordering::Relaxed)
+        self.conn.lock().failed
     }
 
-    pub(crate) fn set_error(&self, mut error: String) {
-        if error.len() > LAST_ERROR_LEN_MAX {
-            let mut cut = LAST_ERROR_LEN_MAX;
-            while !error.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            error.truncate(cut);
-        }
-        *self.last_error.lock() = Some(error);
-    }
-
-    pub(crate) fn last_error(&self) -> Option<String> {
-        self.last_error.lock().clone()
+    pub(crate) fn set_error(&self, error: String) {
+        self.conn.lock().last_error = Some(cut(error));
     }
 
     pub(crate) fn set_last_seq(&self, seq: Option<u64>) {
@@ -167,4 +172,16 @@ impl ListenerShared {
     pub(crate) fn last_seq(&self) -> Option<u64> {
         Some(self.last_seq.load(Ordering::Relaxed)).filter(|&s| s != NO_SEQ)
     }
+}
+
+/// `error` cut to `LAST_ERROR_LEN_MAX` bytes on a char boundary.
+fn cut(mut error: String) -> String {
+    if error.len() > LAST_ERROR_LEN_MAX {
+        let mut end = LAST_ERROR_LEN_MAX;
+        while !error.is_char_boundary(end) {
+            end -= 1;
+        }
+        error.truncate(end);
+    }
+    error
 }
