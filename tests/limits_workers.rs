@@ -57,4 +57,18 @@ fn a_thousand_workers_register_and_all_match() {
     assert!(wait_until(|| matched(&d) == WORKERS), "{} of {WORKERS} workers matched", matched(&d));
     let (_, workers) = d.get_json("/workers");
     assert_eq!(workers.as_array().map(Vec::len), Some(WORKERS as usize), "{workers}");
+    // The dump holds every worker's three blocks.
+    let (status, dump) = d.get_json("/dump");
+    assert_eq!(status, 200);
+    let events = dump["m:default"]["events"].as_array().cloned().unwrap_or_default();
+    let holders: std::collections::BTreeSet<String> = events.iter().map(|e| e["worker_id"].to_string()).collect();
+    assert_eq!(holders.len(), WORKERS as usize, "every worker in the dump: {:?}", events.first());
+
+    for instance in 1..=WORKERS {
+        let (status, v) = d.post_json("/unregister", json!({"instance_id": instance, "model_name": "m"}));
+        assert_eq!(status, 200, "worker {instance}: {v}");
+    }
+    assert_eq!(d.get_json("/workers").1, json!([]));
+    let (status, _) = d.post_json("/query", json!({"model_name": "m", "token_ids": tokens}));
+    assert_eq!(status, 404, "the last worker gone, the index goes");
 }
