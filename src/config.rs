@@ -34,6 +34,8 @@ pub struct Config {
     pub replay_timeout_ms: u64,
     /// How long a listener thread lets engine messages gather after a wake-up.
     pub ingest_coalesce_us: u64,
+    /// ZMTP heartbeat interval towards engines, ms; 0: none.
+    pub heartbeat_ms: i32,
     /// Positions per jump of the index search; 0: the index's default.
     pub jump: usize,
     /// Readiness waits until this many workers are registered.
@@ -78,6 +80,7 @@ impl Default for Config {
             peers: Vec::new(),
             replay_timeout_ms: 2_000,
             ingest_coalesce_us: crate::ingest::COALESCE_US_DEFAULT,
+            heartbeat_ms: crate::ingest::HEARTBEAT_MS_DEFAULT,
             jump: 0,
             min_initial_workers: 0,
             slow_joiner_ms: 1_000,
@@ -132,6 +135,8 @@ OPTIONS:
   --ingest-coalesce-us N   after reading engine messages, let more gather for N us before
                            looking again: fewer wake-ups, events applied up to N us later
                            (default 5000; 0: at once; at most 100000)
+  --heartbeat-ms N         ZMTP heartbeat towards each engine every N ms; an engine silent
+                           for 3 intervals is dropped and reconnected (default 2500; 0: none)
   --body-limit-bytes N     largest request body (default 16777216)
   --jump N                 positions per jump of the index search (default 32)
   --min-initial-workers N  /health answers 503 until N workers are registered
@@ -300,6 +305,7 @@ fn set(
         "--ingest-coalesce-us" => {
             cfg.ingest_coalesce_us = parse_num(name, &value()?, 0, crate::ingest::COALESCE_US_MAX)?
         }
+        "--heartbeat-ms" => cfg.heartbeat_ms = parse_num(name, &value()?, 0, crate::ingest::HEARTBEAT_MS_MAX)?,
         "--body-limit-bytes" => cfg.http.body_limit_bytes = parse_num(name, &value()?, 1024, 1 << 30)?,
         "--jump" => cfg.jump = parse_num(name, &value()?, 1, 4096)?,
         "--min-initial-workers" => cfg.min_initial_workers = parse_num(name, &value()?, 0, 1_000_000)?,
@@ -386,6 +392,16 @@ mod tests {
         assert_eq!((w.instance_id, w.dp_rank, w.endpoint.as_str()), (2, 1, "tcp://h:5558"));
         assert_eq!((w.model_name.as_str(), w.tenant_id.as_str(), w.block_size), ("m", "t", 16));
         assert_eq!(c.peers, vec!["http://a:8090", "http://b:8091"]);
+    }
+
+    #[test]
+    fn heartbeat_interval_parses() {
+        assert_eq!(run(&[]).unwrap().heartbeat_ms, crate::ingest::HEARTBEAT_MS_DEFAULT);
+        assert_eq!(run(&["--heartbeat-ms", "0"]).unwrap().heartbeat_ms, 0);
+        assert_eq!(run(&["--heartbeat-ms", "5000"]).unwrap().heartbeat_ms, 5_000);
+        for bad in ["-1", "600001", "x"] {
+            assert!(run(&["--heartbeat-ms", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -62,6 +62,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         pin_threads: cfg.pin_threads,
         replay_timeout_ms: cfg.replay_timeout_ms,
         coalesce: std::time::Duration::from_micros(cfg.ingest_coalesce_us),
+        heartbeat_ivl_ms: cfg.heartbeat_ms,
         ready_gate_open: !recovering,
         ..IngestConfig::default()
     };

@@ -34,6 +34,10 @@ pub const LAST_ERROR_LEN_MAX: usize = 512;
 pub const COALESCE_US_DEFAULT: u64 = 5_000;
 /// Largest `IngestConfig::coalesce` accepted, in microseconds.
 pub const COALESCE_US_MAX: u64 = 100_000;
+/// Default of `IngestConfig::heartbeat_ivl_ms`.
+pub const HEARTBEAT_MS_DEFAULT: i32 = 2_500;
+/// Largest `IngestConfig::heartbeat_ivl_ms` accepted.
+pub const HEARTBEAT_MS_MAX: i32 = 600_000;
 
 /// How the ingest pipeline runs. `0` in a count means "pick from the core count".
 #[derive(Clone, Debug)]
@@ -93,7 +97,7 @@ impl Default for IngestConfig {
             sub_rcvhwm_batches: 100_000,
             reconnect_ivl_ms: 100,
             reconnect_ivl_max_ms: 5_000,
-            heartbeat_ivl_ms: 1_000,
+            heartbeat_ivl_ms: HEARTBEAT_MS_DEFAULT,
             restart_seq_drop_min: 4_096,
             ready_gate_open: true,
         }
