@@ -3,7 +3,10 @@
 use std::time::Duration;
 
 /// Most listeners one `Ingest` accepts (one per (instance, dp_rank)).
-pub const LISTENERS_MAX: usize = 16_384;
+/// Each holds up to four ZMQ sockets (SUB, its monitor's two ends, a
+/// replay in flight) and about six descriptors; `zmq_context` sizes the
+/// context from this.
+pub const LISTENERS_MAX: usize = 4_096;
 /// Most distinct dp ranks one listener's batches may name (a batch's rank
 /// overrides the registered one; a publisher cannot make us track more).
 pub const DP_RANKS_PER_LISTENER_MAX: usize = 1_024;

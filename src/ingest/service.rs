@@ -444,7 +444,13 @@ impl Ingest {
     }
 
     fn open_sub(&self, id: ListenerId, endpoint: &str) -> Result<(ZmqSocket, ZmqSocket), IngestError> {
-        let res = |e: zmq::Error| IngestError::Resource(e.to_string());
+        let res = |e: zmq::Error| {
+            IngestError::Resource(if e == zmq::Error::EMFILE {
+                format!("{e}: each worker holds about six file descriptors; raise the daemon's open-files limit (LimitNOFILE)")
+            } else {
+                e.to_string()
+            })
+        };
         let cfg = &self.cfg;
         let sub = self.ctx.socket(zmq::SUB).map_err(res)?;
         sub.set_linger(0).map_err(res)?;

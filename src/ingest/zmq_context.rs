@@ -3,20 +3,22 @@
 //!
 //! libzmq caps a context at 1,023 sockets unless told otherwise, and a
 //! worker takes three (its SUB socket and the two PAIR ends of its
-//! monitor), so a daemon on a default context refused the 342nd worker
-//! with "Too many open files" whatever the process's file limit. The `zmq`
+//! monitor, and a fourth while a replay runs), so a daemon on a default
+//! context refused the 342nd worker with "Too many open files" whatever
+//! the process's file limit. The `zmq`
 //! crate sets only a context's I/O threads, so the context is made here
 //! through `zmq-sys` with [`SOCKETS_MAX`], and its sockets are the crate's
 //! own (`zmq::Socket::from_raw`), each holding the context until it is
 //! closed, as the crate's sockets do.
 
+use super::config::LISTENERS_MAX;
 use std::ops::Deref;
 use std::sync::Arc;
 
-/// Most sockets open at once: about 5,400 workers (the listeners' replay
-/// sockets and the endpoint probe of a registration are short-lived). Each
-/// slot costs libzmq 12 bytes up front.
-pub(crate) const SOCKETS_MAX: i32 = 16_384;
+/// Most sockets open at once: four for each of `LISTENERS_MAX` listeners
+/// (SUB, the monitor's two ends, a replay in flight) and a few for
+/// registrations' endpoint probes. Each costs libzmq 12 bytes up front.
+pub(crate) const SOCKETS_MAX: i32 = 4 * LISTENERS_MAX as i32 + 64;
 
 struct Raw(*mut std::ffi::c_void);
 
