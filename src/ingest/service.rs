@@ -444,13 +444,6 @@ impl Ingest {
     }
 
     fn open_sub(&self, id: ListenerId, endpoint: &str) -> Result<(ZmqSocket, ZmqSocket), IngestError> {
-        let res = |e: zmq::Error| {
-            IngestError::Resource(if e == zmq::Error::EMFILE {
-                format!("{e}: each worker holds about six file descriptors; raise the daemon's open-files limit (LimitNOFILE)")
-            } else {
-                e.to_string()
-            })
-        };
         let cfg = &self.cfg;
         let sub = self.ctx.socket(zmq::SUB).map_err(res)?;
         sub.set_linger(0).map_err(res)?;
@@ -485,8 +478,8 @@ impl Ingest {
 
     /// Lets ZMQ parse `endpoint` without keeping a connection.
     fn check_endpoint(&self, endpoint: &str) -> Result<(), IngestError> {
-        let probe = self.ctx.socket(zmq::DEALER).map_err(|e| IngestError::Resource(e.to_string()))?;
-        probe.set_linger(0).map_err(|e| IngestError::Resource(e.to_string()))?;
+        let probe = self.ctx.socket(zmq::DEALER).map_err(res)?;
+        probe.set_linger(0).map_err(res)?;
         probe
             .connect(endpoint)
             .map_err(|e| IngestError::BadEndpoint { endpoint: endpoint.to_string(), reason: e.to_string() })
@@ -497,6 +490,16 @@ impl Drop for Ingest {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// A ZMQ call that failed for want of resources; out of descriptors, says
+/// what to raise.
+fn res(e: zmq::Error) -> IngestError {
+    IngestError::Resource(if e == zmq::Error::EMFILE {
+        format!("{e}: each worker holds about six file descriptors; raise the daemon's open-files limit (LimitNOFILE)")
+    } else {
+        e.to_string()
+    })
 }
 
 fn check_spec(spec: &ListenerSpec) -> Result<(), IngestError> {

@@ -3,13 +3,12 @@
 //!
 //! libzmq caps a context at 1,023 sockets unless told otherwise, and a
 //! worker takes three (its SUB socket and the two PAIR ends of its
-//! monitor, and a fourth while a replay runs), so a daemon on a default
-//! context refused the 342nd worker with "Too many open files" whatever
-//! the process's file limit. The `zmq`
-//! crate sets only a context's I/O threads, so the context is made here
-//! through `zmq-sys` with [`SOCKETS_MAX`], and its sockets are the crate's
-//! own (`zmq::Socket::from_raw`), each holding the context until it is
-//! closed, as the crate's sockets do.
+//! monitor; a fourth while a replay runs), so a daemon on a default context
+//! refused the 342nd worker with "Too many open files" whatever the
+//! process's file limit. The `zmq` crate sets only a context's I/O threads,
+//! so the context is made here through `zmq-sys` with [`SOCKETS_MAX`], and
+//! its sockets are the crate's own (`zmq::Socket::from_raw`), each holding
+//! the context until it is closed, as the crate's sockets do.
 
 use super::config::LISTENERS_MAX;
 use std::ops::Deref;
