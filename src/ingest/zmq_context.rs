@@ -19,6 +19,9 @@ use std::sync::Arc;
 /// registrations' endpoint probes. Each costs libzmq 12 bytes up front.
 pub(crate) const SOCKETS_MAX: i32 = 4 * LISTENERS_MAX as i32 + 64;
 
+/// The name ZMQ's own threads (I/O and reaper) carry.
+pub(crate) const THREAD_NAME: &str = "kvi-zmq";
+
 struct Raw(*mut std::ffi::c_void);
 
 // SAFETY: a libzmq context is thread-safe; only sockets are not, and those
@@ -53,8 +56,25 @@ impl ZmqContext {
                 let e = zmq::Error::from_raw(zmq_sys::zmq_errno());
                 return Err(format!("cannot raise the ZMQ socket limit to {SOCKETS_MAX}: {e}"));
             }
+            ctx.start_threads()?;
             Ok(ctx)
         }
+    }
+
+    /// libzmq starts its I/O and reaper threads with a context's first
+    /// socket, and they keep the name of the thread that made it: left to
+    /// the first `/register`, ZMQ's I/O (a third of ingest's CPU) showed as
+    /// an `http-conn` thread. Made here, from a thread of their own name,
+    /// they show as `THREAD_NAME`.
+    fn start_threads(&self) -> Result<(), String> {
+        let ctx = self.clone();
+        std::thread::Builder::new()
+            .name(THREAD_NAME.into())
+            .spawn(move || ctx.socket(zmq::PAIR).map(drop))
+            .map_err(|e| format!("cannot start ZMQ's threads: {e}"))?
+            .join()
+            .map_err(|_| "cannot start ZMQ's threads".to_string())?
+            .map_err(|e| format!("cannot start ZMQ's threads: {e}"))
     }
 
     pub(crate) fn socket(&self, kind: zmq::SocketType) -> zmq::Result<ZmqSocket> {
@@ -127,5 +147,20 @@ mod tests {
         drop(ctx);
         // The sockets hold the context: closing them all ends it.
         drop(sockets);
+    }
+
+    #[test]
+    fn zmq_threads_carry_their_own_name() {
+        let names = || -> Vec<String> {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|n| n.trim_end().to_string())
+                .collect()
+        };
+        let ctx = ZmqContext::new().unwrap();
+        // Two threads: an I/O thread and the reaper (other tests' contexts may add more).
+        assert!(names().iter().filter(|n| *n == THREAD_NAME).count() >= 2, "{:?}", names());
+        drop(ctx);
     }
 }
