@@ -103,23 +103,28 @@ impl<'a> Chains<'a> {
     /// The chain hash at position `i` (< len).
     #[inline]
     pub(crate) fn at(&mut self, i: usize) -> u64 {
-        let mask = self.ring.len() - 1;
+        // The ring as a local slice: its address and length stay in
+        // registers while the loop writes through it (behind the `Vec` they
+        // were loaded again for every block, and checked).
+        let ring = self.ring.as_mut_slice();
+        let mask = ring.len() - 1;
         if i < self.next {
-            if i + self.ring.len() >= self.next {
-                return self.ring[i & mask];
+            if i + ring.len() >= self.next {
+                return ring[i & mask];
             }
             self.next = 0;
         }
         // The chain so far stays in a register; the mixers of the locals
         // ahead are independent of it and overlap.
-        let mut c = match self.next {
+        let from = self.next;
+        let mut c = match from {
             0 => self.locals[0],
-            k => next(self.ring[(k - 1) & mask], self.locals[k]),
+            k => next(ring[(k - 1) & mask], self.locals[k]),
         };
-        self.ring[self.next & mask] = c;
-        for k in self.next + 1..=i {
-            c = next(c, self.locals[k]);
-            self.ring[k & mask] = c;
+        ring[from & mask] = c;
+        for (k, &local) in (from + 1..).zip(&self.locals[from + 1..=i]) {
+            c = next(c, local);
+            ring[k & mask] = c;
         }
         self.next = i + 1;
         c
