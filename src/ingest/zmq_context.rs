@@ -46,7 +46,7 @@ impl ZmqContext {
     pub(crate) fn new() -> Result<ZmqContext, String> {
         // SAFETY: plain libzmq calls; the pointer is checked before use and
         // owned by `Raw` from then on.
-        unsafe {
+        let ctx = unsafe {
             let raw = zmq_sys::zmq_ctx_new();
             if raw.is_null() {
                 return Err(format!("cannot create a ZMQ context: {}", zmq::Error::from_raw(zmq_sys::zmq_errno())));
@@ -56,14 +56,15 @@ impl ZmqContext {
                 let e = zmq::Error::from_raw(zmq_sys::zmq_errno());
                 return Err(format!("cannot raise the ZMQ socket limit to {SOCKETS_MAX}: {e}"));
             }
-            ctx.start_threads()?;
-            Ok(ctx)
-        }
+            ctx
+        };
+        ctx.start_threads()?;
+        Ok(ctx)
     }
 
     /// libzmq starts its I/O and reaper threads with a context's first
     /// socket, and they keep the name of the thread that made it: left to
-    /// the first `/register`, ZMQ's I/O (a third of ingest's CPU) showed as
+    /// the first `/register`, ZMQ's I/O (nearly half of ingest's CPU) showed as
     /// an `http-conn` thread. Made here, from a thread of their own name,
     /// they show as `THREAD_NAME`.
     fn start_threads(&self) -> Result<(), String> {
