@@ -64,9 +64,9 @@ impl ZmqContext {
 
     /// libzmq starts its I/O and reaper threads with a context's first
     /// socket, and they keep the name of the thread that made it: left to
-    /// the first `/register`, ZMQ's I/O (nearly half of ingest's CPU) showed as
-    /// an `http-conn` thread. Made here, from a thread of their own name,
-    /// they show as `THREAD_NAME`.
+    /// the first `/register`, ZMQ's I/O (nearly half of ingest's CPU)
+    /// showed as an `http-conn` thread. Made here, from a thread of their
+    /// own name, they show as `THREAD_NAME`.
     fn start_threads(&self) -> Result<(), String> {
         let ctx = self.clone();
         std::thread::Builder::new()
@@ -129,8 +129,9 @@ mod tests {
 
     #[test]
     fn more_sockets_than_a_default_context_allows() {
-        // A socket is a descriptor (its mailbox): the usual soft limit of
-        // 1,024 would stop this test before libzmq's cap does.
+        // A socket is two descriptors (its mailbox's socket pair): the
+        // usual soft limit of 1,024 would stop this test before libzmq's
+        // cap does.
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: getrlimit and setrlimit read and write only `lim`.
         unsafe {
