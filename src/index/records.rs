@@ -30,52 +30,76 @@ const SHRINK_PERCENT: usize = 40;
 /// Displacements one insert may make before the table grows instead.
 const KICKS_MAX: usize = 128;
 
-/// Slots `0..len` are in use. All zeros is an empty bucket.
+/// Slots `0..len` are in use. All zeros is an empty bucket. A key is kept
+/// as its low and high halves, in two arrays: a lookup compares the ten low
+/// halves (and the count before them), all in the first cache line, in
+/// three vector compares, and checks the high half only where a low one
+/// matched.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct Bucket {
-    keys: [u64; SLOTS],
-    ids: [u32; SLOTS],
     len: u32,
+    lo: [u32; SLOTS],
+    hi: [u32; SLOTS],
+    ids: [u32; SLOTS],
     _pad: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<Bucket>() == 128);
+const _: () = assert!(std::mem::offset_of!(Bucket, lo) + 48 <= 64, "the compares read the first cache line only");
 
 impl Bucket {
-    /// Slots holding `key` (at most one), as a bit mask.
+    /// The slot holding `key`, if one does.
     #[inline]
-    fn matches(&self, key: u64) -> u32 {
-        self.equal_slots(key) & ((1u32 << self.len) - 1)
+    fn find(&self, key: u64) -> Option<usize> {
+        let mut m = self.low_equal(key as u32) & ((1u32 << self.len) - 1);
+        while m != 0 {
+            let s = m.trailing_zeros() as usize;
+            if self.hi[s] == (key >> 32) as u32 {
+                return Some(s);
+            }
+            m &= m - 1;
+        }
+        None
     }
 
-    /// Slots whose key equals `key`, used or not: two at a time with SSE2
-    /// (every x86-64 has it), which compares 32-bit halves, so a slot
-    /// matches where both of its halves do.
+    /// Slots whose low half equals `low`, used or not, as a bit mask (bits
+    /// beyond the slots are noise for `find` to mask): three 4-lane SSE2
+    /// compares (every x86-64 has SSE2) over the low halves and the two high
+    /// halves after them, packed into one mask.
     #[cfg(target_arch = "x86_64")]
     #[inline]
-    fn equal_slots(&self, key: u64) -> u32 {
+    fn low_equal(&self, low: u32) -> u32 {
         use std::arch::x86_64::*;
-        const _: () = assert!(SLOTS % 2 == 0);
-        // SAFETY: SSE2 is part of x86-64; `keys` starts the 64-byte-aligned
-        // bucket, so every pair of keys is a 16-byte-aligned load inside it.
+        const _: () = assert!(SLOTS <= 12);
+        // SAFETY: SSE2 is part of x86-64; the three unaligned 16-byte loads
+        // start at `lo` and end 48 bytes later, inside the bucket.
         unsafe {
-            let k = _mm_set1_epi64x(key as i64);
-            let mut m = 0u32;
-            for pair in 0..SLOTS / 2 {
-                let v = _mm_load_si128(self.keys.as_ptr().add(2 * pair) as *const __m128i);
-                let e = _mm_cmpeq_epi32(v, k);
-                let both = _mm_and_si128(e, _mm_shuffle_epi32::<0b10_11_00_01>(e));
-                m |= (_mm_movemask_pd(_mm_castsi128_pd(both)) as u32) << (2 * pair);
-            }
-            m
+            let k = _mm_set1_epi32(low as i32);
+            let p = self.lo.as_ptr() as *const __m128i;
+            let e0 = _mm_cmpeq_epi32(_mm_loadu_si128(p), k);
+            let e1 = _mm_cmpeq_epi32(_mm_loadu_si128(p.add(1)), k);
+            let e2 = _mm_cmpeq_epi32(_mm_loadu_si128(p.add(2)), k);
+            let bytes = _mm_packs_epi16(_mm_packs_epi32(e0, e1), _mm_packs_epi32(e2, e2));
+            _mm_movemask_epi8(bytes) as u32 & 0xFFF
         }
     }
 
     #[cfg(not(target_arch = "x86_64"))]
     #[inline]
-    fn equal_slots(&self, key: u64) -> u32 {
-        (0..SLOTS).fold(0, |m, s| m | ((self.keys[s] == key) as u32) << s)
+    fn low_equal(&self, low: u32) -> u32 {
+        (0..SLOTS).fold(0, |m, s| m | ((self.lo[s] == low) as u32) << s)
+    }
+
+    #[inline]
+    fn key(&self, s: usize) -> u64 {
+        (self.hi[s] as u64) << 32 | self.lo[s] as u64
+    }
+
+    #[inline]
+    fn set_key(&mut self, s: usize, key: u64) {
+        self.lo[s] = key as u32;
+        self.hi[s] = (key >> 32) as u32;
     }
 
     #[inline]
@@ -86,7 +110,7 @@ impl Bucket {
     #[inline]
     fn push(&mut self, key: u64, id: u32) {
         let s = self.len as usize;
-        self.keys[s] = key;
+        self.set_key(s, key);
         self.ids[s] = id;
         self.len += 1;
     }
@@ -216,9 +240,8 @@ impl Records {
     #[inline]
     fn position_in(&self, key: u64, (a, b): (usize, usize)) -> Option<(usize, usize)> {
         for bi in [a, b] {
-            let m = self.buckets[bi].matches(key);
-            if m != 0 {
-                return Some((bi, m.trailing_zeros() as usize));
+            if let Some(s) = self.buckets[bi].find(key) {
+                return Some((bi, s));
             }
         }
         None
@@ -291,7 +314,7 @@ impl Records {
     pub(crate) fn set(&mut self, key: u64, spot: Spot, id: u32) {
         let (b, s) = (spot.bucket as usize, spot.slot as usize);
         if let Some(bucket) = self.buckets.get_mut(b) {
-            if s < bucket.len as usize && bucket.keys[s] == key {
+            if s < bucket.len as usize && bucket.key(s) == key {
                 bucket.ids[s] = id;
                 return;
             }
@@ -325,8 +348,11 @@ impl Records {
             self.rng ^= self.rng >> 7;
             self.rng ^= self.rng << 17;
             let s = (self.rng % SLOTS as u64) as usize;
-            std::mem::swap(&mut key, &mut self.buckets[bi].keys[s]);
-            std::mem::swap(&mut id, &mut self.buckets[bi].ids[s]);
+            let bucket = &mut self.buckets[bi];
+            let displaced = bucket.key(s);
+            bucket.set_key(s, key);
+            key = displaced;
+            std::mem::swap(&mut id, &mut bucket.ids[s]);
             let (x, y) = self.homes(key);
             bi = if x == bi { y } else { x };
             if !self.buckets[bi].full() {
@@ -351,7 +377,7 @@ impl Records {
         let bucket = &mut self.buckets[b];
         let id = bucket.ids[s];
         let last = bucket.len as usize - 1;
-        bucket.keys[s] = bucket.keys[last];
+        bucket.set_key(s, bucket.key(last));
         bucket.ids[s] = bucket.ids[last];
         bucket.len -= 1;
         self.len -= 1;
@@ -395,7 +421,7 @@ impl Records {
             let mut ok = true;
             'all: for b in &old {
                 for s in 0..b.len as usize {
-                    if self.place(b.keys[s], b.ids[s]).is_some() {
+                    if self.place(b.key(s), b.ids[s]).is_some() {
                         ok = false;
                         break 'all;
                     }
@@ -412,7 +438,7 @@ impl Records {
 
     /// Every (engine hash, block id).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        self.buckets.iter().flat_map(|b| (0..b.len as usize).map(move |s| (b.keys[s], b.ids[s])))
+        self.buckets.iter().flat_map(|b| (0..b.len as usize).map(move |s| (b.key(s), b.ids[s])))
     }
 
     /// Empties the table, returning its contents.
@@ -453,6 +479,34 @@ mod tests {
         expected.sort();
         assert_eq!(all, expected);
         assert_eq!(r.bytes(), 0);
+    }
+
+    #[test]
+    fn keys_that_share_a_half_stay_apart() {
+        let mut r = Records::default();
+        // Equal low halves (every compare of the low halves matches), then
+        // equal high halves, side by side in the same table.
+        let same_low = |k: u64| (k << 32) | 0xABCD;
+        let same_high = |k: u64| (0xABCD << 32) | k;
+        for k in 1..=3_000u64 {
+            assert_eq!(r.insert(same_low(k), k as u32), None);
+            assert_eq!(r.insert(same_high(k), 10_000 + k as u32), None);
+        }
+        for k in 1..=3_000u64 {
+            assert_eq!(r.get(same_low(k)), Some(k as u32));
+            assert_eq!(r.get(same_high(k)), Some(10_000 + k as u32));
+        }
+        assert_eq!(r.get(same_low(3_001)), None);
+        assert_eq!(r.get(same_high(3_001)), None);
+        for k in (1..=3_000u64).step_by(2) {
+            assert_eq!(r.remove(same_low(k)), Some(k as u32));
+        }
+        for k in 1..=3_000u64 {
+            let expected = (k % 2 == 0).then_some(k as u32);
+            assert_eq!(r.get(same_low(k)), expected);
+            assert_eq!(r.get(same_high(k)), Some(10_000 + k as u32));
+        }
+        assert_eq!(r.len(), 4_500);
     }
 
     #[test]
