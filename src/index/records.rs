@@ -10,7 +10,8 @@
 //! slot into the hole. Tables run up to 92% full, grow by half while they
 //! fill (any bucket count: buckets are picked by multiply-shift, not masks)
 //! and are packed to 88% once they settle, so a pair costs about 14 bytes at
-//! the steady state. Engine hashes are opaque and may be small or sequential
+//! the steady state; a rebuild asks the cache for the new buckets of the
+//! keys it moves a batch ahead, as lookups do. Engine hashes are opaque and may be small or sequential
 //! numbers, so they are mixed before use.
 
 use super::prefetch;
@@ -27,6 +28,8 @@ const PACK_PERCENT: usize = 88;
 const LOOSE_PERCENT: usize = 80;
 /// Below this load (1/100ths) a table shrinks.
 const SHRINK_PERCENT: usize = 40;
+/// Keys a rebuild works out ahead of placing them (`place_all`).
+const REBUILD_AHEAD: usize = 16;
 /// Displacements one insert may make before the table grows instead.
 const KICKS_MAX: usize = 128;
 
@@ -334,8 +337,12 @@ impl Records {
     }
 
     /// Places a key known to be absent; on failure returns the key left homeless.
-    fn place(&mut self, mut key: u64, mut id: u32) -> Option<(u64, u32)> {
-        let (a, b) = self.homes(key);
+    fn place(&mut self, key: u64, id: u32) -> Option<(u64, u32)> {
+        self.place_in(key, id, self.homes(key))
+    }
+
+    /// `place`, with the key's homes at hand.
+    fn place_in(&mut self, mut key: u64, mut id: u32, (a, b): (usize, usize)) -> Option<(u64, u32)> {
         // The emptier bucket: balanced buckets rarely both fill, so walks stay rare.
         let bi = if self.buckets[a].len <= self.buckets[b].len { a } else { b };
         if !self.buckets[bi].full() {
@@ -418,22 +425,40 @@ impl Records {
         self.peak = self.len;
         loop {
             let old = std::mem::replace(&mut self.buckets, empty_buckets(buckets));
-            let mut ok = true;
-            'all: for b in &old {
-                for s in 0..b.len as usize {
-                    if self.place(b.key(s), b.ids[s]).is_some() {
-                        ok = false;
-                        break 'all;
-                    }
-                }
-            }
-            if ok {
+            if self.place_all(&old) {
                 return;
             }
             // Too tight to place everything (rare): keep the old table and try bigger.
             self.buckets = old;
             buckets += buckets / 16 + 1;
         }
+    }
+
+    /// Places every key of `old` in this table, which has none of them;
+    /// false if one found no room. Each key's new homes are asked of the
+    /// cache `REBUILD_AHEAD` keys before it is placed: a table being filled
+    /// is written all over, so without that each key waits for its buckets.
+    fn place_all(&mut self, old: &[Bucket]) -> bool {
+        let mut ring = [(0u64, 0u32, (0usize, 0usize)); REBUILD_AHEAD];
+        let mut seen = 0usize;
+        for b in old {
+            for s in 0..b.len as usize {
+                let (key, id) = (b.key(s), b.ids[s]);
+                let homes = self.homes(key);
+                prefetch(&self.buckets[homes.0] as *const Bucket as *const u8);
+                prefetch(&self.buckets[homes.1] as *const Bucket as *const u8);
+                let slot = &mut ring[seen % REBUILD_AHEAD];
+                let waiting = std::mem::replace(slot, (key, id, homes));
+                if seen >= REBUILD_AHEAD && self.place_in(waiting.0, waiting.1, waiting.2).is_some() {
+                    return false;
+                }
+                seen += 1;
+            }
+        }
+        (seen.saturating_sub(REBUILD_AHEAD)..seen).all(|k| {
+            let (key, id, homes) = ring[k % REBUILD_AHEAD];
+            self.place_in(key, id, homes).is_none()
+        })
     }
 
     /// Every (engine hash, block id).
