@@ -11,8 +11,8 @@
 //! fill (any bucket count: buckets are picked by multiply-shift, not masks)
 //! and are packed to 88% once they settle, so a pair costs about 14 bytes at
 //! the steady state; a rebuild asks the cache for the new buckets of the
-//! keys it moves a batch ahead, as lookups do. Engine hashes are opaque and may be small or sequential
-//! numbers, so they are mixed before use.
+//! keys it moves a batch ahead, as lookups do. Engine hashes are opaque and
+//! may be small or sequential numbers, so they are mixed before use.
 
 use super::prefetch;
 
