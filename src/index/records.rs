@@ -50,6 +50,7 @@ struct Bucket {
 
 const _: () = assert!(std::mem::size_of::<Bucket>() == 128);
 const _: () = assert!(std::mem::offset_of!(Bucket, lo) + 48 <= 64, "the compares read the first cache line only");
+const _: () = assert!(std::mem::offset_of!(Bucket, ids) >= 64, "a set writes the second cache line only");
 
 impl Bucket {
     /// The slot holding `key`, if one does.
@@ -180,6 +181,12 @@ pub(crate) struct Records {
     churn: usize,
     /// State of the displacement walk's choices (xorshift).
     rng: u64,
+    /// Keys held beyond which an insert grows the table.
+    grow_above: usize,
+    /// Keys held below which a remove shrinks the table.
+    shrink_below: usize,
+    /// Peak below which a settled table is packed.
+    loose_below: usize,
 }
 
 impl Records {
@@ -269,7 +276,7 @@ impl Records {
     /// `homes` are its buckets if the caller has them at hand.
     fn insert_new_at(&mut self, key: u64, id: u32, homes: Option<(usize, usize)>) -> Spot {
         debug_assert!(self.position(key).is_none());
-        let moved = if (self.len + 1) * 100 > self.buckets.len() * SLOTS * LOAD_MAX_PERCENT {
+        let moved = if self.len + 1 > self.grow_above {
             let grown = self.buckets.len() * GROW_PERCENT / 100;
             self.rebuild(grown.max(Self::buckets_for(self.len + 1, 80)));
             true
@@ -330,9 +337,8 @@ impl Records {
     #[inline]
     pub(crate) fn prefetch_spot(&self, spot: Spot) {
         if let Some(bucket) = self.buckets.get(spot.bucket as usize) {
-            let p = bucket as *const Bucket as *const u8;
-            prefetch(p);
-            prefetch(p.wrapping_add(64));
+            // The ids are in the bucket's second line.
+            prefetch((bucket as *const Bucket as *const u8).wrapping_add(64));
         }
     }
 
@@ -390,7 +396,7 @@ impl Records {
         self.len -= 1;
         if self.len == 0 {
             *self = Records { rng: self.rng, ..Records::default() };
-        } else if self.buckets.len() > 4 && self.len * 100 < self.buckets.len() * SLOTS * SHRINK_PERCENT {
+        } else if self.len < self.shrink_below {
             self.rebuild(Self::buckets_for(self.len, 80));
         } else {
             self.settle();
@@ -404,7 +410,7 @@ impl Records {
     #[inline]
     fn settle(&mut self) -> bool {
         self.churn += 1;
-        let pack = self.churn > self.len.max(1024) && self.peak * 100 < self.buckets.len() * SLOTS * LOOSE_PERCENT;
+        let pack = self.churn > self.len.max(1024) && self.peak < self.loose_below;
         if pack {
             self.rebuild(Self::buckets_for(self.peak, PACK_PERCENT));
         }
@@ -426,6 +432,12 @@ impl Records {
         loop {
             let old = std::mem::replace(&mut self.buckets, empty_buckets(buckets));
             if self.place_all(&old) {
+                // The thresholds, worked out once per size: `len + 1 > n * SLOTS
+                // * LOAD_MAX_PERCENT / 100` and the like, in integers.
+                let slots = buckets * SLOTS;
+                self.grow_above = slots * LOAD_MAX_PERCENT / 100;
+                self.shrink_below = if buckets > 4 { (slots * SHRINK_PERCENT).div_ceil(100) } else { 0 };
+                self.loose_below = (slots * LOOSE_PERCENT).div_ceil(100);
                 return;
             }
             // Too tight to place everything (rare): keep the old table and try bigger.

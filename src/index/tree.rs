@@ -83,6 +83,22 @@ pub(crate) struct Tree {
     side_bytes: usize,
 }
 
+/// Writes `chains` as the blocks from offset `off` of a run whose chunk
+/// `i` is `chunk(i)`, a chunk at a time.
+fn write_chains(shared: &Shared, mut off: usize, chains: &[u64], chunk: impl Fn(usize) -> u32) {
+    let mut rest = chains;
+    while !rest.is_empty() {
+        let slot = off % CHUNK_BLOCKS;
+        let take = (CHUNK_BLOCKS - slot).min(rest.len());
+        let c = shared.chunks.at(chunk(off / CHUNK_BLOCKS));
+        for (j, &chain) in rest[..take].iter().enumerate() {
+            c.set(slot + j, chain);
+        }
+        rest = &rest[take..];
+        off += take;
+    }
+}
+
 fn list_bytes(cap: usize) -> usize {
     std::mem::size_of::<ChunkList>() + cap * 4
 }
@@ -157,6 +173,21 @@ impl Tree {
             p.id + 1
         } else {
             self.block_at(shared, p.run, p.off + 1)
+        }
+    }
+
+    /// Pushes the ids of the `n` blocks from offset `off` of `run`, a chunk
+    /// at a time.
+    pub(crate) fn push_ids(&self, shared: &Shared, run: u32, off: u32, n: u32, ids: &mut Vec<u32>) {
+        // SAFETY: the writer replaces lists; it is the caller.
+        let list = unsafe { &*self.header(shared, run).chunks.load(Ordering::Relaxed) };
+        let (mut off, end) = (off as usize, (off + n) as usize);
+        while off < end {
+            let slot = off % CHUNK_BLOCKS;
+            let take = (CHUNK_BLOCKS - slot).min(end - off);
+            let first = list.ids[off / CHUNK_BLOCKS].load(Ordering::Relaxed) * CHUNK_BLOCKS as u32 + slot as u32;
+            ids.extend(first..first + take as u32);
+            off += take;
         }
     }
 
@@ -294,10 +325,9 @@ impl Tree {
         // A reader that reads one of these chains also sees every cut before
         // them (the chunks may have been cut from this or another run).
         std::sync::atomic::fence(Ordering::Release);
-        for (k, &chain) in chains.iter().enumerate() {
-            let id = self.block_at(shared, run, len + k as u32);
-            shared.chunks.at(id / CHUNK_BLOCKS as u32).set(id as usize % CHUNK_BLOCKS, chain);
-        }
+        // SAFETY: writer only; the list is the one just published.
+        let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
+        write_chains(shared, len as usize, chains, |i| list.ids[i].load(Ordering::Relaxed));
         // Nobody but the holder holds the new blocks, in any tier, before they are visible.
         for tier in 0..4 {
             let keep = (tier == holder.tier).then_some((holder.group, holder.bit));
@@ -357,9 +387,7 @@ impl Tree {
         }
         // As in `append`: a reader of these chains sees the cuts before them.
         std::sync::atomic::fence(Ordering::Release);
-        for (k, &chain) in chains.iter().enumerate() {
-            shared.chunks.at(ids[k / CHUNK_BLOCKS]).set(k % CHUNK_BLOCKS, chain);
-        }
+        write_chains(shared, 0, chains, |i| ids[i]);
         let h = self.header(shared, run);
         let list = ChunkList { ids: ids.iter().map(|&c| AtomicU32::new(c)).collect() };
         self.side_bytes += list_bytes(ids.len());

@@ -508,12 +508,8 @@ fn create(
         return Some(Refusal::Full);
     };
     // The new blocks are consecutive in one run.
-    let mut at = tree.place(first_id);
-    ids.push(at.id);
-    for _ in 1..n {
-        at = Place { id: tree.after(shared, at), run: at.run, off: at.off + 1 };
-        ids.push(at.id);
-    }
+    let at = tree.place(first_id);
+    tree.push_ids(shared, at.run, at.off, n as u32, ids);
     delta.added += n as u64;
     out.stored += n as u32;
     // Hashes the engine reused for this new content: the old blocks go.
