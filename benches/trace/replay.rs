@@ -114,6 +114,24 @@ fn wait_until(start: Instant, deadline_ns: u64) -> u64 {
     }
 }
 
+/// Polls of the lag gate that yield before it sleeps instead.
+pub const LAG_YIELDS: u32 = 4;
+/// How long the lag gate sleeps between polls once past `LAG_YIELDS`.
+pub const LAG_SLEEP: Duration = Duration::from_micros(50);
+
+/// Waits a little before the lag gate polls again: a few yields, then
+/// short sleeps, so an issuer waiting for writers leaves them the cores
+/// instead of spinning through the scheduler beside them (a gate waits for
+/// about a millisecond of writers' work at saturation).
+fn lag_backoff(polls: &mut u32) {
+    *polls += 1;
+    if *polls <= LAG_YIELDS {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(LAG_SLEEP);
+    }
+}
+
 /// Replays `wl` at `rate` block ops/s through `backend`.
 pub fn replay<B: Backend>(
     backend: &B,
@@ -183,12 +201,13 @@ pub fn replay<B: Backend>(
                 OpKind::Query => {
                     let gate = Instant::now();
                     let mut waited = false;
+                    let mut polls = 0u32;
                     for w in 0..workers {
                         while sent[w] > known_applied[w] + cfg.max_lag_events {
                             known_applied[w] = backend.applied_events(w as u32);
                             if sent[w] > known_applied[w] + cfg.max_lag_events {
                                 waited = true;
-                                std::thread::yield_now();
+                                lag_backoff(&mut polls);
                             }
                         }
                     }
