@@ -12,6 +12,8 @@
 //! against an index emptier than the trace says by more than that, so an
 //! overloaded run cannot look fast by querying a small, early index; when
 //! writers fall behind, the issuer stalls and the achieved rate shows it.
+//! While it stalls it sleeps between polls (`lag_backoff`), so the driver
+//! does not take the cores from the backend it waits for.
 
 use std::time::{Duration, Instant};
 
