@@ -83,19 +83,32 @@ pub(crate) struct Tree {
     side_bytes: usize,
 }
 
+/// The offsets `off .. off + n` of a run cut where its chunks end: for
+/// each piece, the chunk's index in the run, the first slot and how many.
+fn chunk_spans(off: usize, n: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let end = off + n;
+    let mut at = off;
+    std::iter::from_fn(move || {
+        (at < end).then(|| {
+            let slot = at % CHUNK_BLOCKS;
+            let take = (CHUNK_BLOCKS - slot).min(end - at);
+            let span = (at / CHUNK_BLOCKS, slot, take);
+            at += take;
+            span
+        })
+    })
+}
+
 /// Writes `chains` as the blocks from offset `off` of a run whose chunk
 /// `i` is `chunk(i)`, a chunk at a time.
-fn write_chains(shared: &Shared, mut off: usize, chains: &[u64], chunk: impl Fn(usize) -> u32) {
+fn write_chains(shared: &Shared, off: usize, chains: &[u64], chunk: impl Fn(usize) -> u32) {
     let mut rest = chains;
-    while !rest.is_empty() {
-        let slot = off % CHUNK_BLOCKS;
-        let take = (CHUNK_BLOCKS - slot).min(rest.len());
-        let c = shared.chunks.at(chunk(off / CHUNK_BLOCKS));
+    for (index, slot, take) in chunk_spans(off, chains.len()) {
+        let c = shared.chunks.at(chunk(index));
         for (j, &chain) in rest[..take].iter().enumerate() {
             c.set(slot + j, chain);
         }
         rest = &rest[take..];
-        off += take;
     }
 }
 
@@ -181,13 +194,9 @@ impl Tree {
     pub(crate) fn push_ids(&self, shared: &Shared, run: u32, off: u32, n: u32, ids: &mut Vec<u32>) {
         // SAFETY: the writer replaces lists; it is the caller.
         let list = unsafe { &*self.header(shared, run).chunks.load(Ordering::Relaxed) };
-        let (mut off, end) = (off as usize, (off + n) as usize);
-        while off < end {
-            let slot = off % CHUNK_BLOCKS;
-            let take = (CHUNK_BLOCKS - slot).min(end - off);
-            let first = list.ids[off / CHUNK_BLOCKS].load(Ordering::Relaxed) * CHUNK_BLOCKS as u32 + slot as u32;
+        for (index, slot, take) in chunk_spans(off as usize, n as usize) {
+            let first = list.ids[index].load(Ordering::Relaxed) * CHUNK_BLOCKS as u32 + slot as u32;
             ids.extend(first..first + take as u32);
-            off += take;
         }
     }
 
