@@ -25,7 +25,7 @@ use super::tree::{Holder, Place, Shared, Tree};
 use super::workers::{Changing, WorkerState};
 use super::ApplyOutcome;
 use crate::event::{StorageTier, StoredBlock};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use rustc_hash::FxHashSet;
 use std::sync::atomic::Ordering;
 
@@ -48,6 +48,32 @@ pub(crate) fn split(slot: u32) -> (u32, u64) {
 pub(crate) struct Ctx<'a> {
     pub shared: &'a Shared,
     pub tree: &'a Mutex<Tree>,
+}
+
+/// Polls of a held tree lock a writer makes before it parks.
+const LOCK_SPINS: u32 = 4096;
+
+impl Ctx<'_> {
+    /// The tree lock. Another writer holds it for one event's walk (tens of
+    /// microseconds at most), so a writer that finds it held polls it for
+    /// about that long before it parks: parking_lot alone yields and parks
+    /// after a few hundred cycles, and on two vCPUs each park and wake-up
+    /// cost more than the wait.
+    fn lock(&self) -> MutexGuard<'_, Tree> {
+        let mut spins = 0;
+        loop {
+            if let Some(g) = self.tree.try_lock() {
+                return g;
+            }
+            while self.tree.is_locked() {
+                spins += 1;
+                if spins > LOCK_SPINS {
+                    return self.tree.lock();
+                }
+                std::hint::spin_loop();
+            }
+        }
+    }
 }
 
 /// Consecutive blocks of one run whose bit changes together.
@@ -312,7 +338,7 @@ fn store_part(
     let mut delta = Delta::default();
     let mut refused = None;
     {
-        let mut guard = ctx.tree.lock();
+        let mut guard = ctx.lock();
         // Only setting bits, a store shows readers states between the
         // worker's before and after, each a prefix of its blocks. Taking
         // bits back (a reused hash) could show a mix of both that never
@@ -549,7 +575,7 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
     {
         // Only taking bits back, a remove shows readers states between the
         // worker's before and after: it needs no version change.
-        let mut guard = ctx.tree.lock();
+        let mut guard = ctx.lock();
         let tree = &mut *guard;
         let mut marks = Marks::new(Holder { tier, group, bit }, false);
         let mut touched: Vec<u32> = Vec::new();
@@ -585,7 +611,7 @@ pub(crate) fn clear(ctx: &Ctx, st: &mut WorkerState) -> u64 {
     let taken: Vec<Vec<(u64, u32)>> = st.records.iter_mut().map(|r| r.take()).collect();
     st.aliases = Default::default();
     let mut dropped = 0;
-    let mut tree = ctx.tree.lock();
+    let mut tree = ctx.lock();
     let tree = &mut *tree;
     let _changing = Changing::new(st);
     let mut touched: FxHashSet<u32> = FxHashSet::default();
