@@ -22,6 +22,8 @@ use crossbeam::channel::bounded;
 use super::backend::Backend;
 use super::workload::{OpKind, Workload};
 
+/// Queries at least this long are also timed apart (`long_service_ns`).
+pub const LONG_QUERY_BLOCKS: u32 = 2048;
 /// Queries waiting for a reader before the issuer blocks.
 pub const QUERY_QUEUE: usize = 1024;
 /// Latency samples kept per reader (one per query; beyond this, not recorded).
@@ -38,6 +40,7 @@ pub struct DriverConfig {
 #[derive(Copy, Clone, Debug, Default)]
 pub struct Percentiles {
     pub p50: u64,
+    pub p90: u64,
     pub p99: u64,
     pub p999: u64,
     pub max: u64,
@@ -51,7 +54,7 @@ impl Percentiles {
         }
         v.sort_unstable();
         let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
-        Self { p50: at(0.50), p99: at(0.99), p999: at(0.999), max: v[v.len() - 1] }
+        Self { p50: at(0.50), p90: at(0.90), p99: at(0.99), p999: at(0.999), max: v[v.len() - 1] }
     }
 }
 
@@ -72,6 +75,9 @@ pub struct RunStats {
     pub lag_stalled_queries: u64,
     /// Lookup time alone.
     pub service_ns: Percentiles,
+    /// Lookup time of the queries of `LONG_QUERY_BLOCKS` blocks or more,
+    /// which make the tail.
+    pub long_service_ns: Percentiles,
     /// From the query's deadline to its answer (includes queueing).
     pub end_to_end_ns: Percentiles,
     pub queries: u64,
@@ -166,7 +172,7 @@ pub fn replay<B: Backend>(
     let mut stall = Duration::ZERO;
     let start = Instant::now();
 
-    let (mut service, mut e2e) = std::thread::scope(|s| {
+    let (mut service, mut long, mut e2e) = std::thread::scope(|s| {
         let hashes = &hashes;
         let handles: Vec<_> = (0..readers)
             .map(|r| {
@@ -175,6 +181,7 @@ pub fn replay<B: Backend>(
                 reader
                     .spawn_scoped(s, move || {
                         let mut service = Vec::with_capacity(per_reader);
+                        let mut long = Vec::new();
                         let mut e2e = Vec::with_capacity(per_reader);
                         let mut out = Vec::new();
                         for (q_start, len, deadline_ns) in rx {
@@ -184,12 +191,15 @@ pub fn replay<B: Backend>(
                             backend.find_matches(q, &mut out);
                             let b = Instant::now();
                             if service.len() < per_reader {
+                                if len >= LONG_QUERY_BLOCKS {
+                                    long.push((b - a).as_nanos() as u64);
+                                }
                                 service.push((b - a).as_nanos() as u64);
                                 let since_start = (b - start).as_nanos() as u64;
                                 e2e.push(since_start.saturating_sub(deadline_ns));
                             }
                         }
-                        (service, e2e)
+                        (service, long, e2e)
                     })
                     .expect("spawn reader thread")
             })
@@ -228,14 +238,14 @@ pub fn replay<B: Backend>(
         }
         drop(tx);
         backend.drain();
-        let mut service = Vec::new();
-        let mut e2e = Vec::new();
+        let (mut service, mut long, mut e2e) = (Vec::new(), Vec::new(), Vec::new());
         for h in handles {
-            let (s, e) = h.join().expect("reader panicked");
+            let (s, l, e) = h.join().expect("reader panicked");
             service.extend(s);
+            long.extend(l);
             e2e.extend(e);
         }
-        (service, e2e)
+        (service, long, e2e)
     });
     let elapsed = start.elapsed();
 
@@ -245,6 +255,7 @@ pub fn replay<B: Backend>(
     stats.issue_behind_max_ms = behind_max_ns as f64 / 1e6;
     stats.lag_stall_ms = stall.as_secs_f64() * 1e3;
     stats.service_ns = Percentiles::of(&mut service);
+    stats.long_service_ns = Percentiles::of(&mut long);
     stats.end_to_end_ns = Percentiles::of(&mut e2e);
     stats
 }

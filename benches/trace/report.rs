@@ -156,7 +156,7 @@ pub fn print_runs(label: &str, runs: &[RunRecord]) {
 }
 
 fn percentiles_json(p: &Percentiles) -> Value {
-    json!({"p50": p.p50, "p99": p.p99, "p999": p.p999, "max": p.max})
+    json!({"p50": p.p50, "p90": p.p90, "p99": p.p99, "p999": p.p999, "max": p.max})
 }
 
 /// One run as JSON.
@@ -174,6 +174,7 @@ pub fn run_json(r: &RunRecord) -> Value {
         "lag_stalled_queries": s.lag_stalled_queries,
         "queries": s.queries,
         "query_service_ns": percentiles_json(&s.service_ns),
+        "long_query_service_ns": percentiles_json(&s.long_service_ns),
         "query_end_to_end_ns": percentiles_json(&s.end_to_end_ns),
         "rss_before_bytes": r.rss_before_bytes,
         "rss_peak_bytes": r.rss_peak_bytes,
