@@ -112,8 +112,10 @@ impl Sweep {
     }
 }
 
-/// Jump probes asked of the cache ahead of the one being made.
-const PROBES_AHEAD: u32 = 2;
+/// Jump probes asked of the cache ahead of the one being made: the chains
+/// of eight jumps take about as long to work out as a probe's miss takes
+/// under load; two ahead left long, deep queries waiting on their probes.
+const PROBES_AHEAD: u32 = 8;
 
 /// How many blocks from offset 0 of `view` agree with the query from `pos`.
 fn agreed(shared: &Shared, view: &RunView, chains: &mut Chains, pos: u32, jump: u32, guard: &Guard) -> u32 {
