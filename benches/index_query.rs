@@ -1,6 +1,9 @@
 //! In-process index benchmark: query latency for a 128-block query over 64
 //! workers holding about a million (block, worker) pairs, per jump size, and
-//! single-thread apply rate. `cargo bench --bench index_query [-- --queries N]`.
+//! single-thread apply rate; then a deep query, 8,192 blocks through eight
+//! runs, the deepest matches of the trace workloads (where a query's time is
+//! computing its chains and crossing runs). `cargo bench --bench
+//! index_query [-- --queries N]`.
 
 use kv_indexer::index::{Index, IndexConfig};
 use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};
@@ -96,6 +99,52 @@ fn remove_all(ix: &Index, events: &[Event]) -> f64 {
     rate
 }
 
+const DEEP_BLOCKS: usize = 8192;
+const DEEP_WORKERS: usize = 8;
+
+/// Worker `k` holds the first `(k + 1) / 8` of a deep prefix and then a
+/// branch of its own, so the prefix is cut into eight runs of 1,024 blocks
+/// (each worker's branch starts where the next run does); the query is the
+/// whole prefix. Returns the index and the query.
+fn build_deep(rng: &mut Rng) -> (Index, Vec<u64>) {
+    let ix = Index::new(IndexConfig::new(16));
+    let prefix: Vec<u64> = (0..DEEP_BLOCKS).map(|_| rng.next()).collect();
+    let mut h = 0u64;
+    for k in 0..DEEP_WORKERS {
+        let held = DEEP_BLOCKS / DEEP_WORKERS * (k + 1);
+        let locals = prefix[..held].iter().copied().chain((0..64).map(|_| rng.next()));
+        let blocks = locals
+            .map(|local_hash| {
+                h += 1;
+                StoredBlock { engine_hash: h, local_hash }
+            })
+            .collect();
+        ix.apply(&Event::stored(WorkerId::new(k as u64, 0), StorageTier::Device, None, blocks));
+    }
+    (ix, prefix)
+}
+
+fn deep(queries: usize, rng: &mut Rng) {
+    let (ix, query) = build_deep(rng);
+    let deepest = ix.find_matches(&query).workers.iter().map(|m| m.device).max();
+    assert_eq!(deepest, Some(DEEP_BLOCKS as u32));
+    let mut lat = Vec::with_capacity(queries);
+    for _ in 0..queries {
+        let t = Instant::now();
+        let m = ix.find_matches(&query);
+        lat.push(t.elapsed().as_nanos() as u64);
+        assert_eq!(m.workers.len(), DEEP_WORKERS);
+    }
+    lat.sort_unstable();
+    println!(
+        "deep query: {DEEP_BLOCKS} blocks through {DEEP_WORKERS} runs, {DEEP_WORKERS} workers, jump 32: \
+         p50 {} ns, p99 {} ns ({:.2} ns a block at p50)",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        percentile(&lat, 0.5) as f64 / DEEP_BLOCKS as f64
+    );
+}
+
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
@@ -143,4 +192,5 @@ fn main() {
             bytes as f64 / pairs as f64
         );
     }
+    deep(queries / 10, &mut rng);
 }

@@ -66,7 +66,7 @@ impl Emitter<'_> {
     fn local(&self, id: u32) -> u64 {
         let parent = self.tree.parent_of(self.shared, id);
         let pchain = (parent != NIL).then(|| self.tree.chain(self.shared, parent));
-        chain::local_of(pchain, self.tree.chain(self.shared, id))
+        chain::local_of(pchain, self.tree.chain(self.shared, id), self.tree.position(self.shared, id))
     }
 
     fn emit(&mut self, tier: usize, parent: Option<u64>, hash: u64, id: u32) {

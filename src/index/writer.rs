@@ -372,7 +372,7 @@ fn store_part(
                 break;
             }
             let b = blocks[k];
-            let chain = pchain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash));
+            let chain = pchain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash, pos));
             let old = previous[k];
             if old != NIL && tree.chain(shared, old) == chain && tree.position(shared, old) == pos {
                 out.duplicate += 1;
@@ -514,7 +514,7 @@ fn create(
     let mut c = first;
     for (j, b) in blocks[..n].iter().enumerate() {
         if j > 0 {
-            c = chain::next(c, b.local_hash);
+            c = chain::next(c, b.local_hash, pos + j as u32);
         }
         chains.push(c);
     }
