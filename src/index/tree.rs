@@ -19,7 +19,7 @@ use super::blocks::{ChunkAlloc, ChunkOwner, ChunkPages, CHUNK_BLOCKS, NIL};
 use super::budget::Budget;
 use super::members::{self, Change, Members};
 use super::reclaim;
-use super::runs::{ChunkList, RunHeader, RunPages, PAGE_RUNS};
+use super::runs::{chunk_list, RunHeader, RunPages, PAGE_RUNS};
 use super::slots::PublishedSlots;
 use super::starts::Starts;
 use crossbeam::epoch;
@@ -113,7 +113,24 @@ fn write_chains(shared: &Shared, off: usize, chains: &[u64], chunk: impl Fn(usiz
 }
 
 fn list_bytes(cap: usize) -> usize {
-    std::mem::size_of::<ChunkList>() + cap * 4
+    chunk_list::bytes(cap)
+}
+
+/// The ids of a run's chunk list, as its writer sees them.
+///
+/// # Safety
+/// Writer only: lists are replaced and freed by the writer alone.
+unsafe fn list_of(h: &RunHeader) -> &[AtomicU32] {
+    // SAFETY: passed on from the caller.
+    unsafe { chunk_list::ids(h.chunks.load(Ordering::Relaxed)) }
+}
+
+/// Frees an unlinked chunk list once no reader can hold it.
+fn retire_list(p: *mut AtomicU32, bytes: usize) {
+    if !p.is_null() {
+        // SAFETY: the callers unlinked `p`, which came from `chunk_list::new`.
+        unsafe { reclaim::retire(p as *mut u8, chunk_list::free, bytes) };
+    }
 }
 
 /// Frees a published value once no reader can hold it.
@@ -173,8 +190,8 @@ impl Tree {
     pub(crate) fn block_at(&self, shared: &Shared, run: u32, offset: u32) -> u32 {
         let h = self.header(shared, run);
         // SAFETY: the writer replaces lists; it is the caller.
-        let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
-        let chunk = list.ids[offset as usize / CHUNK_BLOCKS].load(Ordering::Relaxed);
+        let list = unsafe { list_of(h) };
+        let chunk = list[offset as usize / CHUNK_BLOCKS].load(Ordering::Relaxed);
         chunk * CHUNK_BLOCKS as u32 + offset % CHUNK_BLOCKS as u32
     }
 
@@ -193,9 +210,9 @@ impl Tree {
     /// at a time.
     pub(crate) fn push_ids(&self, shared: &Shared, run: u32, off: u32, n: u32, ids: &mut Vec<u32>) {
         // SAFETY: the writer replaces lists; it is the caller.
-        let list = unsafe { &*self.header(shared, run).chunks.load(Ordering::Relaxed) };
+        let list = unsafe { list_of(self.header(shared, run)) };
         for (index, slot, take) in chunk_spans(off as usize, n as usize) {
-            let first = list.ids[index].load(Ordering::Relaxed) * CHUNK_BLOCKS as u32 + slot as u32;
+            let first = list[index].load(Ordering::Relaxed) * CHUNK_BLOCKS as u32 + slot as u32;
             ids.extend(first..first + take as u32);
         }
     }
@@ -299,7 +316,7 @@ impl Tree {
         let chunks_needed = (new_len as usize).div_ceil(CHUNK_BLOCKS);
         let h = self.header(shared, run);
         // SAFETY: writer only.
-        let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
+        let list = unsafe { list_of(h) };
         let have = (len as usize).div_ceil(CHUNK_BLOCKS);
         let mut fresh = Vec::new();
         for index in have..chunks_needed {
@@ -313,30 +330,26 @@ impl Tree {
                 }
             }
         }
-        if chunks_needed > list.ids.len() {
+        if chunks_needed > list.len() {
             // Grow the list by half again, so appends one by one stay cheap.
-            let cap = chunks_needed.max(list.ids.len() + list.ids.len() / 2);
-            let ids: Box<[AtomicU32]> = (0..cap)
-                .map(|i| AtomicU32::new(if i < have { list.ids[i].load(Ordering::Relaxed) } else { NIL }))
-                .collect();
-            for (k, &c) in fresh.iter().enumerate() {
-                ids[have + k].store(c, Ordering::Relaxed);
-            }
+            let cap = chunks_needed.max(list.len() + list.len() / 2);
+            let kept = list[..have].iter().map(|c| c.load(Ordering::Relaxed));
+            let new = chunk_list::new(kept.chain(fresh.iter().copied()), cap, NIL);
             self.side_bytes += list_bytes(cap);
-            self.side_bytes -= list_bytes(list.ids.len());
-            let old = h.chunks.swap(Box::into_raw(Box::new(ChunkList { ids })), Ordering::AcqRel);
-            retire(old, list_bytes(list.ids.len()));
+            self.side_bytes -= list_bytes(list.len());
+            let old = h.chunks.swap(new, Ordering::AcqRel);
+            retire_list(old, list_bytes(list.len()));
         } else {
             for (k, &c) in fresh.iter().enumerate() {
-                list.ids[have + k].store(c, Ordering::Release);
+                list[have + k].store(c, Ordering::Release);
             }
         }
         // A reader that reads one of these chains also sees every cut before
         // them (the chunks may have been cut from this or another run).
         std::sync::atomic::fence(Ordering::Release);
         // SAFETY: writer only; the list is the one just published.
-        let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
-        write_chains(shared, len as usize, chains, |i| list.ids[i].load(Ordering::Relaxed));
+        let list = unsafe { list_of(h) };
+        write_chains(shared, len as usize, chains, |i| list[i].load(Ordering::Relaxed));
         // Nobody but the holder holds the new blocks, in any tier, before they are visible.
         for tier in 0..4 {
             let keep = (tier == holder.tier).then_some((holder.group, holder.bit));
@@ -398,9 +411,9 @@ impl Tree {
         std::sync::atomic::fence(Ordering::Release);
         write_chains(shared, 0, chains, |i| ids[i]);
         let h = self.header(shared, run);
-        let list = ChunkList { ids: ids.iter().map(|&c| AtomicU32::new(c)).collect() };
+        let list = chunk_list::new(ids.iter().copied(), ids.len(), NIL);
         self.side_bytes += list_bytes(ids.len());
-        let old = h.chunks.swap(Box::into_raw(Box::new(list)), Ordering::AcqRel);
+        let old = h.chunks.swap(list, Ordering::AcqRel);
         debug_assert!(old.is_null());
         h.start.store(start, Ordering::Release);
         let len = chains.len() as u32;
@@ -457,9 +470,9 @@ impl Tree {
         h.len.store(keep, Ordering::Release);
         h.cuts.fetch_add(1, Ordering::AcqRel);
         // SAFETY: writer only.
-        let list = unsafe { &*h.chunks.load(Ordering::Relaxed) };
-        for index in (keep as usize).div_ceil(CHUNK_BLOCKS)..(len as usize).div_ceil(CHUNK_BLOCKS) {
-            let c = list.ids[index].swap(NIL, Ordering::Relaxed);
+        let list = unsafe { list_of(h) };
+        for id in &list[(keep as usize).div_ceil(CHUNK_BLOCKS)..(len as usize).div_ceil(CHUNK_BLOCKS)] {
+            let c = id.swap(NIL, Ordering::Relaxed);
             self.alloc.free(&shared.chunks, c);
         }
         let gone = (len - keep) as u64;
@@ -476,16 +489,17 @@ impl Tree {
         let removed = shared.starts.remove(first);
         debug_assert!(removed, "run {run} was listed by its first chain");
         let list = h.chunks.swap(std::ptr::null_mut(), Ordering::AcqRel);
-        // SAFETY: writer only; the list came from Box::into_raw.
-        for id in unsafe { &*list }.ids.iter() {
+        // SAFETY: writer only; the list came from `chunk_list::new`.
+        let ids = unsafe { chunk_list::ids(list) };
+        for id in ids {
             let c = id.load(Ordering::Relaxed);
             if c != NIL {
                 self.alloc.free(&shared.chunks, c);
             }
         }
-        let freed = list_bytes(unsafe { &*list }.ids.len());
+        let freed = list_bytes(ids.len());
         self.side_bytes -= freed;
-        retire(list, freed);
+        retire_list(list, freed);
         for tier in 0..4 {
             self.set_members(shared, run, tier, Change::Replace(None));
         }
@@ -550,8 +564,8 @@ impl Tree {
             let h = shared.runs.at(run);
             let list = h.chunks.swap(std::ptr::null_mut(), Ordering::Relaxed);
             if !list.is_null() {
-                // SAFETY: came from Box::into_raw; no reader is left.
-                drop(unsafe { Box::from_raw(list) });
+                // SAFETY: came from `chunk_list::new`; no reader is left.
+                unsafe { chunk_list::free(list as *mut u8) };
             }
             for m in &h.members {
                 let m = m.swap(std::ptr::null_mut(), Ordering::Relaxed);
