@@ -20,7 +20,7 @@
 /// mixes of the local hashes ahead depend on nothing but their block and
 /// overlap, so a long prefix costs what its multiplies cost, two a block.
 /// (A multiply of the parent's chain on that path made it four cycles a
-/// block, a third of the time of the deepest queries under load.)
+/// block.)
 #[inline]
 pub(crate) fn next(parent: u64, local: u64, pos: u32) -> u64 {
     parent.wrapping_add(mix(local.wrapping_add(position_key(pos))))
@@ -214,22 +214,5 @@ mod tests {
             let i = i.min(locals.len() - 1);
             assert_eq!(c.at(i), eager[i], "position {i}");
         }
-    }
-}
-#[cfg(test)]
-mod speed {
-    #[test]
-    fn chain_speed() {
-        let locals: Vec<u64> = (0..8192u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 77).collect();
-        let mut buf = Vec::new();
-        let mut best = f64::MAX;
-        let mut sink = 0u64;
-        for _ in 0..2000 {
-            let t = std::time::Instant::now();
-            let mut c = super::Chains::new(&locals, &mut buf, 32);
-            sink ^= c.at(8191);
-            best = best.min(t.elapsed().as_nanos() as f64 / 8192.0);
-        }
-        eprintln!("SPEED {best:.3} ns/block {sink}");
     }
 }
