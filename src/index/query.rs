@@ -113,9 +113,10 @@ impl Sweep {
 }
 
 /// Jump probes asked of the cache ahead of the one being made: the chains
-/// of eight jumps take about as long to work out as a probe's miss takes
-/// under load; two ahead left long, deep queries waiting on their probes.
-const PROBES_AHEAD: u32 = 8;
+/// of sixteen jumps (512 blocks, about half a microsecond) take about as
+/// long to work out as a probe's miss takes under load; fewer left long,
+/// deep queries waiting on their probes once chains got cheaper.
+const PROBES_AHEAD: u32 = 16;
 
 /// How many blocks from offset 0 of `view` agree with the query from `pos`.
 fn agreed(shared: &Shared, view: &RunView, chains: &mut Chains, pos: u32, jump: u32, guard: &Guard) -> u32 {
