@@ -1,11 +1,11 @@
 //! In-process index benchmark: query latency for a 128-block query over 64
 //! workers holding about a million (block, worker) pairs, per jump size, and
-//! single-thread apply rate; then a deep query, 8,192 blocks through eight
+//! single-thread apply rate; then a deep query at the default jump, 8,192 blocks through eight
 //! runs, the deepest matches of the trace workloads (where a query's time is
 //! computing its chains and crossing runs). `cargo bench --bench
 //! index_query [-- --queries N]`.
 
-use kv_indexer::index::{Index, IndexConfig};
+use kv_indexer::index::{Index, IndexConfig, JUMP_DEFAULT};
 use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};
 use std::time::Instant;
 
@@ -137,7 +137,7 @@ fn deep(queries: usize, rng: &mut Rng) {
     }
     lat.sort_unstable();
     println!(
-        "deep query: {DEEP_BLOCKS} blocks through {DEEP_WORKERS} runs, {DEEP_WORKERS} workers, jump 32: \
+        "deep query: {DEEP_BLOCKS} blocks through {DEEP_WORKERS} runs, {DEEP_WORKERS} workers, jump {JUMP_DEFAULT}: \
          p50 {} ns, p99 {} ns ({:.2} ns a block at p50)",
         percentile(&lat, 0.5),
         percentile(&lat, 0.99),

@@ -138,7 +138,7 @@ OPTIONS:
   --heartbeat-ms N         ZMTP heartbeat towards each engine every N ms; an engine silent
                            for 3 intervals is dropped and reconnected (default 2500; 0: none)
   --body-limit-bytes N     largest request body (default 16777216)
-  --jump N                 positions per jump of the index search (default 32)
+  --jump N                 positions per jump of the index search (default 64)
   --min-initial-workers N  /health answers 503 until N workers are registered
                            (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
   --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)

@@ -61,7 +61,7 @@ pub(crate) fn prefetch(p: *const u8) {
 }
 
 /// Default positions skipped per jump; see the benchmark in README.
-pub const JUMP_DEFAULT: usize = 32;
+pub const JUMP_DEFAULT: usize = 64;
 /// Default deepest position indexed (blocks past it are refused and counted).
 pub const DEPTH_MAX_DEFAULT: usize = 1 << 18;
 
