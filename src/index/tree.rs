@@ -112,10 +112,6 @@ fn write_chains(shared: &Shared, off: usize, chains: &[u64], chunk: impl Fn(usiz
     }
 }
 
-fn list_bytes(cap: usize) -> usize {
-    chunk_list::bytes(cap)
-}
-
 /// The ids of a run's chunk list, as its writer sees them.
 ///
 /// # Safety
@@ -335,10 +331,10 @@ impl Tree {
             let cap = chunks_needed.max(list.len() + list.len() / 2);
             let kept = list[..have].iter().map(|c| c.load(Ordering::Relaxed));
             let new = chunk_list::new(kept.chain(fresh.iter().copied()), cap, NIL);
-            self.side_bytes += list_bytes(cap);
-            self.side_bytes -= list_bytes(list.len());
+            self.side_bytes += chunk_list::bytes(cap);
+            self.side_bytes -= chunk_list::bytes(list.len());
             let old = h.chunks.swap(new, Ordering::AcqRel);
-            retire_list(old, list_bytes(list.len()));
+            retire_list(old, chunk_list::bytes(list.len()));
         } else {
             for (k, &c) in fresh.iter().enumerate() {
                 list[have + k].store(c, Ordering::Release);
@@ -412,7 +408,7 @@ impl Tree {
         write_chains(shared, 0, chains, |i| ids[i]);
         let h = self.header(shared, run);
         let list = chunk_list::new(ids.iter().copied(), ids.len(), NIL);
-        self.side_bytes += list_bytes(ids.len());
+        self.side_bytes += chunk_list::bytes(ids.len());
         let old = h.chunks.swap(list, Ordering::AcqRel);
         debug_assert!(old.is_null());
         h.start.store(start, Ordering::Release);
@@ -497,7 +493,7 @@ impl Tree {
                 self.alloc.free(&shared.chunks, c);
             }
         }
-        let freed = list_bytes(ids.len());
+        let freed = chunk_list::bytes(ids.len());
         self.side_bytes -= freed;
         retire_list(list, freed);
         for tier in 0..4 {
