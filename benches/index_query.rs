@@ -1,9 +1,9 @@
 //! In-process index benchmark: query latency for a 128-block query over 64
 //! workers holding about a million (block, worker) pairs, per jump size, and
-//! single-thread apply rate; then a deep query at the default jump, 8,192 blocks through eight
-//! runs, the deepest matches of the trace workloads (where a query's time is
-//! computing its chains and crossing runs). `cargo bench --bench
-//! index_query [-- --queries N]`.
+//! single-thread apply rate; then a deep query at the default jump, 8,192
+//! blocks through eight runs, the deepest matches of the trace workloads
+//! (where a query's time is computing its chains and crossing runs).
+//! `cargo bench --bench index_query [-- --queries N]`.
 
 use kv_indexer::index::{Index, IndexConfig, JUMP_DEFAULT};
 use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};

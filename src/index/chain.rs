@@ -23,7 +23,14 @@
 /// block.)
 #[inline]
 pub(crate) fn next(parent: u64, local: u64, pos: u32) -> u64 {
-    parent.wrapping_add(mix(local.wrapping_add(position_key(pos))))
+    step(parent, local, position_key(pos))
+}
+
+/// `next` with the position's key worked out (a walk along a prefix adds
+/// `K3` to it per block instead of multiplying).
+#[inline]
+fn step(parent: u64, local: u64, key: u64) -> u64 {
+    parent.wrapping_add(mix(local.wrapping_add(key)))
 }
 
 /// What the position adds to a local hash before the mix.
@@ -131,16 +138,16 @@ impl<'a> Chains<'a> {
         let mut pairs = self.locals[from + 1..=i].chunks_exact(2);
         let mut k = from + 1;
         for p in &mut pairs {
-            let first = c.wrapping_add(mix(p[0].wrapping_add(key.wrapping_add(K3))));
+            let first = step(c, p[0], key.wrapping_add(K3));
             key = key.wrapping_add(K3.wrapping_mul(2));
-            c = first.wrapping_add(mix(p[1].wrapping_add(key)));
+            c = step(first, p[1], key);
             ring[k & mask] = first;
             ring[(k + 1) & mask] = c;
             k += 2;
         }
         if let [local] = *pairs.remainder() {
             key = key.wrapping_add(K3);
-            c = c.wrapping_add(mix(local.wrapping_add(key)));
+            c = step(c, local, key);
             ring[k & mask] = c;
         }
         self.next = i + 1;
