@@ -10,13 +10,14 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# Links libzmq's C++ runtime in (see the file).
+COPY .cargo .cargo
 COPY src src
 # Cargo.toml declares the benchmarks; the manifest needs their files.
 COPY benches benches
 RUN cargo build --release --locked --bin kv-indexer
 
-# Run: the binary alone, on glibc, libstdc++ and libgcc (libzmq is C++),
-# as an unprivileged user.
+# Run: the binary alone, on glibc and libgcc, as an unprivileged user.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/kv-indexer /usr/local/bin/kv-indexer
 EXPOSE 8090
