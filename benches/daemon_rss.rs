@@ -14,7 +14,9 @@
 //! steady state (memory the first left behind is reused, or not). RSS is
 //! reported whole and less the idle daemon's (read after registering,
 //! before any block), per live pair and over the index's own bytes, and
-//! split into anonymous memory and mapped files (RssAnon, RssFile).
+//! split into anonymous memory and mapped files (RssAnon, RssFile), and
+//! idle and once loaded by mapping (each file, the heap, other anonymous
+//! memory).
 //!
 //! Run: `cargo bench --bench daemon_rss -- [--engines 64] [--blocks 16384]
 //! [--prompt-blocks 256] [--settle-s 12] [--cycles 2] [--bin PATH] [--env NAME=VALUE]...
@@ -134,6 +136,40 @@ fn status_bytes(pid: u32, name: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// The resident set of process `pid` by mapping (/proc/PID/smaps): each
+/// mapped file by name, `[heap]`, and the other anonymous mappings (thread
+/// stacks, allocator arenas, large allocations) together; largest first.
+fn rss_by_mapping(pid: u32) -> Vec<(String, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    let mut by: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut name = String::new();
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if let Some(kb) = line.strip_prefix("Rss:") {
+            let kb: u64 = kb.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+            *by.entry(name.clone()).or_default() += kb * 1024;
+        } else if fields
+            .first()
+            .is_some_and(|f| f.contains('-') && f.chars().all(|c| c.is_ascii_hexdigit() || c == '-'))
+        {
+            // A mapping's header: address range, perms, offset, device, inode, path.
+            name = match fields.get(5) {
+                None => "anonymous".to_string(),
+                Some(path) => path.rsplit('/').next().unwrap_or(path).to_string(),
+            };
+        }
+    }
+    let mut v: Vec<(String, u64)> = by.into_iter().filter(|&(_, b)| b > 0).collect();
+    v.sort_by_key(|m| std::cmp::Reverse(m.1));
+    v
+}
+
+fn print_maps(pid: u32) {
+    let maps: Vec<String> =
+        rss_by_mapping(pid).iter().take(8).map(|(n, b)| format!("{n} {:.2}", mib(*b as f64))).collect();
+    println!("  resident by mapping, MiB: {}", maps.join(", "));
+}
+
 fn metrics(d: &Daemon) -> Result<String, String> {
     ureq::get(&format!("{}/metrics", d.base))
         .timeout(Duration::from_secs(10))
@@ -238,6 +274,7 @@ fn run(a: &Args) -> Result<(), String> {
         mib(idle.anon_bytes as f64),
         mib(idle.file_bytes as f64)
     );
+    print_maps(d.pid());
 
     for cycle in 1..=a.cycles {
         println!("cycle {cycle}:");
@@ -262,6 +299,7 @@ fn run(a: &Args) -> Result<(), String> {
         std::thread::sleep(Duration::from_secs_f64(a.settle_s));
         let settled = read(&d)?;
         report(&format!("after load +{}s", a.settle_s), &settled, &idle, pairs, loaded.index_bytes);
+        print_maps(d.pid());
 
         let started = Instant::now();
         for e in &mut engines {
