@@ -25,7 +25,7 @@ fn engine(instance: u64, seed: u64, ring_capacity: Option<usize>, encoding: Enco
     let cfg = PublisherConfig {
         encoding,
         ring_capacity,
-        reply_form: if seed % 2 == 0 { ReplyForm::FourFrames } else { ReplyForm::ThreeFrames },
+        reply_form: if seed.is_multiple_of(2) { ReplyForm::FourFrames } else { ReplyForm::ThreeFrames },
         seed,
         ..PublisherConfig::default()
     };

@@ -251,7 +251,7 @@ mod tests {
             let b = a + 1 + ((x >> 8) % (len - a) as u64) as u32;
             let group = ((x >> 16) % 3) as u32;
             let bit = 1u64 << ((x >> 20) % 5);
-            let on = (x >> 30) % 3 != 0;
+            let on = !(x >> 30).is_multiple_of(3);
             apply(&mut m, group, a, b, len, bit, on);
             for o in a..b {
                 let v = &mut model[o as usize][group as usize];

@@ -228,7 +228,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let chain = x % 700;
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(s.remove(chain), model.remove(&chain).is_some());
             } else if let std::collections::hash_map::Entry::Vacant(e) = model.entry(chain) {
                 e.insert(step);

@@ -195,7 +195,7 @@ impl Tree {
     /// slot of the same chunk, unless `p` ends its chunk.
     #[inline]
     pub(crate) fn after(&self, shared: &Shared, p: Place) -> u32 {
-        if (p.off + 1) as usize % CHUNK_BLOCKS != 0 {
+        if !((p.off + 1) as usize).is_multiple_of(CHUNK_BLOCKS) {
             p.id + 1
         } else {
             self.block_at(shared, p.run, p.off + 1)

@@ -152,7 +152,7 @@ impl WorkerConverter {
         if self.self_referencing(&s.block_hashes, s.parent_block_hash) {
             return Err(SkipReason::SelfReferencingStore);
         }
-        if s.block_size % self.block_size != 0 || s.block_size / self.block_size > SPLIT_FACTOR_MAX {
+        if !s.block_size.is_multiple_of(self.block_size) || s.block_size / self.block_size > SPLIT_FACTOR_MAX {
             return Err(SkipReason::BlockSizeMismatch);
         }
         let split = s.block_size / self.block_size;

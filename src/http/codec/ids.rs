@@ -391,7 +391,7 @@ mod tests {
             let mut w = [0u8; SPAN_BYTES];
             for b in w.iter_mut() {
                 let x = r.next();
-                *b = if x % 5 == 0 { x as u8 } else { alphabet[(x >> 8) as usize % alphabet.len()] };
+                *b = if x.is_multiple_of(5) { x as u8 } else { alphabet[(x >> 8) as usize % alphabet.len()] };
             }
             #[cfg(target_arch = "x86_64")]
             if std::is_x86_feature_detected!("avx2") {
