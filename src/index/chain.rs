@@ -23,14 +23,7 @@
 /// block.)
 #[inline]
 pub(crate) fn next(parent: u64, local: u64, pos: u32) -> u64 {
-    step(parent, local, position_key(pos))
-}
-
-/// `next` with the position's key worked out (a walk along a prefix adds
-/// `K3` to it per block instead of multiplying).
-#[inline]
-fn step(parent: u64, local: u64, key: u64) -> u64 {
-    parent.wrapping_add(mix(local.wrapping_add(key)))
+    parent.wrapping_add(mix(local.wrapping_add(position_key(pos))))
 }
 
 /// What the position adds to a local hash before the mix.
@@ -106,11 +99,7 @@ impl<'a> Chains<'a> {
         let len = (2 * jump + 2).next_power_of_two().max(64);
         ring.clear();
         ring.resize(len, 0);
-        #[cfg(target_arch = "x86_64")]
-        let wide = wide_mixes();
-        #[cfg(not(target_arch = "x86_64"))]
-        let wide = false;
-        Chains { locals, ring, next: 0, wide }
+        Chains { locals, ring, next: 0, wide: wide_mixes() }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -173,11 +162,13 @@ fn mixes(locals: &[u64; LANES], key: u64) -> [u64; LANES] {
 }
 
 /// Whether the CPU has what `wide::extend` uses.
-#[cfg(target_arch = "x86_64")]
 fn wide_mixes() -> bool {
-    std::is_x86_feature_detected!("avx512f")
+    #[cfg(target_arch = "x86_64")]
+    return std::is_x86_feature_detected!("avx512f")
         && std::is_x86_feature_detected!("avx512dq")
-        && std::is_x86_feature_detected!("avx512vl")
+        && std::is_x86_feature_detected!("avx512vl");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -330,10 +321,7 @@ mod tests {
     #[test]
     fn wide_chains_match_portable_ones() {
         let locals: Vec<u64> = (0..300u64).map(|i| i.wrapping_mul(0xD6E8_FEB8_6659_FD93).rotate_left(7) ^ i).collect();
-        #[cfg(target_arch = "x86_64")]
         let wide = wide_mixes();
-        #[cfg(not(target_arch = "x86_64"))]
-        let wide = false;
         for from in [1usize, 2, 7, 8, 9, 100] {
             for to in from..from + 40 {
                 let (mut a, mut b) = (vec![0u64; 64], vec![0u64; 64]);
