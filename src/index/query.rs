@@ -114,7 +114,7 @@ impl Sweep {
 
 /// Jump probes asked of the cache ahead of the one being made: under load
 /// a probe's miss takes longer than the chains of several jumps take to
-/// work out (about 0.9 ns a block), and eight ahead of 32-block jumps left
+/// work out (under a nanosecond a block), and eight ahead of 32-block jumps left
 /// long, deep queries waiting on their probes.
 const PROBES_AHEAD: u32 = 16;
 
