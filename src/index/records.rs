@@ -203,12 +203,11 @@ impl Records {
     fn homes(&self, key: u64) -> (usize, usize) {
         let h = mix(key);
         let n = self.buckets.len();
+        debug_assert!(n >= 2, "a table that holds keys has two buckets or more");
         let a = reduce(h, n);
-        let mut b = reduce(h.rotate_left(32).wrapping_mul(0xD6E8_FEB8_6659_FD93), n);
-        if b == a && n > 1 {
-            b = if a + 1 == n { 0 } else { a + 1 };
-        }
-        (a, b)
+        // One of the other `n - 1` buckets: no compare and fix-up after the fact.
+        let b = reduce(h.rotate_left(32).wrapping_mul(0xD6E8_FEB8_6659_FD93), n - 1);
+        (a, b + (b >= a) as usize)
     }
 
     /// Asks the cache for `key`'s buckets ahead of a `claim` or `remove`,
