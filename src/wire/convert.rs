@@ -77,7 +77,10 @@ fn tier_bit(tier: StorageTier) -> u8 {
 /// chains, bounded; cleaned on remove/clear).
 pub struct WorkerConverter {
     block_size: u32,
-    split_factor: u32,
+    /// Index blocks per engine block, per [`StorageTier`], from that tier's
+    /// last store: a remove names engine blocks of its own tier, whose size
+    /// may differ from another tier's (an offloader's larger host blocks).
+    split_factor: [u32; StorageTier::ALL.len()],
     salts: FxHashMap<u64, SaltEntry>,
     group_is_main: [Option<bool>; GROUPS_TRACKED_MAX],
     indexed_group: Option<u32>,
@@ -91,7 +94,7 @@ impl WorkerConverter {
         debug_assert!(block_size > 0, "index block size must be at least 1");
         Self {
             block_size: block_size.max(1),
-            split_factor: 1,
+            split_factor: [1; StorageTier::ALL.len()],
             salts: FxHashMap::default(),
             group_is_main: [None; GROUPS_TRACKED_MAX],
             indexed_group: None,
@@ -160,7 +163,7 @@ impl WorkerConverter {
         if s.token_ids.len() as u64 != count as u64 * u64::from(s.block_size) {
             return Err(SkipReason::TokenCountMismatch);
         }
-        self.split_factor = split;
+        self.split_factor[tier.index()] = split;
 
         let mut usable = s.opaque_extra_keys_from.map_or(count, |i| (i as usize).min(count));
         if split > 1 {
@@ -217,7 +220,7 @@ impl WorkerConverter {
         if r.block_hashes.is_empty() {
             return Err(SkipReason::EmptyEvent);
         }
-        let split = self.split_factor;
+        let split = self.split_factor[tier.index()];
         let mut hashes = Vec::with_capacity(r.block_hashes.len() * split as usize);
         for &engine_hash in &r.block_hashes {
             hashes.extend((0..split - 1).map(|j| split_block_hash(engine_hash, j)));

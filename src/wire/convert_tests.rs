@@ -250,6 +250,25 @@ fn engine_blocks_of_whole_multiples_are_split_and_removed_whole() {
 }
 
 #[test]
+fn each_tier_removes_blocks_of_its_own_size() {
+    // GPU blocks of one index block, the offloader's host blocks of two: a
+    // host remove after a GPU store still takes both halves of its block.
+    let mut conv = WorkerConverter::new(BS);
+    let host = RawStored {
+        block_size: 2 * BS,
+        token_ids: (1..=8).collect(),
+        medium: Some("CPU".into()),
+        ..store(&[900], None, 1)
+    };
+    run(&mut conv, vec![RawEvent::Stored(store(&[11, 12], None, 1)), RawEvent::Stored(host)]);
+    run(&mut conv, vec![RawEvent::Stored(store(&[21], None, 50))]);
+    let (out, _) = run(&mut conv, vec![RawEvent::Removed(RawRemoved { medium: Some("CPU".into()), ..remove(&[900]) })]);
+    assert_eq!(out, vec![Event::removed(W, StorageTier::HostPinned, vec![split_block_hash(900, 0), 900])]);
+    let (out, _) = run(&mut conv, vec![RawEvent::Removed(remove(&[11]))]);
+    assert_eq!(out, vec![Event::removed(W, StorageTier::Device, vec![11])]);
+}
+
+#[test]
 fn multimodal_hashes_are_appended_and_opaque_tails_dropped() {
     let s = RawStored {
         block_mm_hashes: vec![vec![], vec![3, 9]],
