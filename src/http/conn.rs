@@ -32,7 +32,9 @@ pub const HEAD_BYTES_MAX: usize = 64 * 1024;
 /// Most header lines in one request (and trailer lines in one chunked body).
 pub const HEADERS_MAX: usize = 128;
 /// A connection's buffer to start with; it grows to hold the largest
-/// request (head and body), and one past `BUF_KEPT_BYTES` is dropped after it.
+/// request (head and body), and one past `BUF_KEPT_BYTES` is dropped after it
+/// (so is a decoded chunked body's), so an idle keep-alive connection holds
+/// no more than that whatever it once sent.
 const BUF_BYTES: usize = 16 * 1024;
 const BUF_KEPT_BYTES: usize = 1 << 20;
 /// After a refusal, what the client still sends is read and dropped for at
@@ -173,6 +175,9 @@ impl<S: Socket> Conn<S> {
         head_timeout: Duration,
         trace_header: Option<&str>,
     ) -> Result<Head, ReadError> {
+        if self.chunked.capacity() > BUF_KEPT_BYTES {
+            self.chunked = Vec::new();
+        }
         if self.start == self.end {
             if self.buf.len() > BUF_KEPT_BYTES {
                 self.buf = vec![0; BUF_BYTES];
@@ -449,6 +454,20 @@ mod tests {
 
     fn head(raw: &[u8]) -> Result<Head, ReadError> {
         conn(raw, usize::MAX).read_head(SECOND, SECOND, None)
+    }
+
+    #[test]
+    fn a_huge_chunked_body_is_not_kept_for_the_next_request() {
+        let size = BUF_KEPT_BYTES + 1;
+        let mut raw = format!("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n{size:x}\r\n").into_bytes();
+        raw.resize(raw.len() + size, b'a');
+        raw.extend_from_slice(b"\r\n0\r\n\r\nGET /health HTTP/1.1\r\n\r\n");
+        let mut c = conn(&raw, usize::MAX);
+        let h = c.read_head(SECOND, SECOND, None).unwrap();
+        assert_eq!(c.read_body(&h, usize::MAX, Instant::now() + SECOND).unwrap().len(), size);
+        let h = c.read_head(SECOND, SECOND, None).unwrap();
+        assert_eq!(h.target, "/health");
+        assert_eq!(c.chunked.capacity(), 0);
     }
 
     #[test]

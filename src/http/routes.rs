@@ -46,7 +46,25 @@ pub struct Scratch {
     pub(super) has_model: bool,
 }
 
+/// Scratch past this many bytes is dropped after its request.
+const SCRATCH_KEPT_BYTES: usize = 1 << 20;
+
 impl Scratch {
+    /// Drops buffers that one huge request or reply (a dump, a query of
+    /// millions of tokens) grew, so an idle keep-alive connection does not
+    /// pin that memory.
+    pub fn release_large(&mut self) {
+        if self.out.capacity() > SCRATCH_KEPT_BYTES {
+            self.out = Vec::new();
+        }
+        if self.tokens.capacity() * std::mem::size_of::<u32>() > SCRATCH_KEPT_BYTES {
+            self.tokens = Vec::new();
+        }
+        if self.hashes.capacity() * std::mem::size_of::<u64>() > SCRATCH_KEPT_BYTES {
+            self.hashes = Vec::new();
+        }
+    }
+
     /// Notes the model the request named (for the access log).
     pub fn set_model(&mut self, model: &str) {
         self.model.clear();
@@ -379,5 +397,17 @@ mod tests {
         assert_eq!(query_param("a=%", "a").as_deref(), Some("%"));
         assert_eq!(query_param("a=%4", "a").as_deref(), Some("%4"));
         assert_eq!(query_param("", "a"), None);
+    }
+
+    #[test]
+    fn scratch_a_huge_request_grew_is_released() {
+        let mut s = Scratch { tokens: vec![0; 64], hashes: vec![0; 64], out: vec![0; 64], ..Scratch::default() };
+        s.release_large();
+        assert_eq!((s.tokens.capacity(), s.hashes.capacity(), s.out.capacity()), (64, 64, 64), "small buffers stay");
+        s.tokens = vec![0; SCRATCH_KEPT_BYTES];
+        s.hashes = vec![0; SCRATCH_KEPT_BYTES];
+        s.out = vec![0; SCRATCH_KEPT_BYTES + 1];
+        s.release_large();
+        assert_eq!((s.tokens.capacity(), s.hashes.capacity(), s.out.capacity()), (0, 0, 0));
     }
 }

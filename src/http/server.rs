@@ -270,10 +270,7 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
         let sent = if head.method == "HEAD" { &[][..] } else { &scratch.out[..] };
         let written = write_reply(&mut conn.sock, &reply, scratch.out.len(), sent, close, &mut head_buf);
         finish(s, wall, &mut head, route, scratch.has_model.then_some(scratch.model.as_str()), reply.status, started);
-        // Keep one huge reply (a dump) from pinning memory in this thread.
-        if scratch.out.capacity() > 1 << 20 {
-            scratch.out = Vec::new();
-        }
+        scratch.release_large();
         if !written || close {
             return;
         }
