@@ -95,6 +95,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         admin_token: cfg.admin_token.clone(),
         auth_refused: Default::default(),
         access_log: access_log.clone(),
+        dumps: Default::default(),
     });
     let http = HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api)?;
     if let Some(path) = &cfg.unix_socket {

@@ -17,7 +17,7 @@ use crate::readiness::Readiness;
 use crate::registry::{Registry, RegistryError, TENANT_DEFAULT};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Everything the endpoints need.
@@ -32,6 +32,32 @@ pub struct Api {
     pub auth_refused: AtomicU64,
     /// The access log `/reopen_logs` reopens, if configured.
     pub access_log: Option<Arc<AccessLog>>,
+    /// Dumps being built or sent now (see `DUMPS_AT_ONCE_MAX`).
+    pub dumps: Arc<AtomicUsize>,
+}
+
+/// Most `/dump` replies built or being sent at once: each holds the whole
+/// document in memory until its client has read it, so slow or stalled
+/// readers could otherwise pile up copies; past this a dump is refused
+/// with 503 and `Retry-After`.
+pub const DUMPS_AT_ONCE_MAX: usize = 2;
+
+/// One of the `DUMPS_AT_ONCE_MAX` places, held in `Scratch` until the
+/// dump's reply is written.
+pub struct DumpSlot(Arc<AtomicUsize>);
+
+impl DumpSlot {
+    fn take(dumps: &Arc<AtomicUsize>) -> Option<DumpSlot> {
+        let taken =
+            dumps.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < DUMPS_AT_ONCE_MAX).then_some(n + 1));
+        taken.is_ok().then(|| DumpSlot(Arc::clone(dumps)))
+    }
+}
+
+impl Drop for DumpSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Per-thread buffers a handler may reuse across requests.
@@ -44,6 +70,8 @@ pub struct Scratch {
     /// The model the request named, for the access log (reused buffer).
     pub(super) model: String,
     pub(super) has_model: bool,
+    /// A dump's place, given back once its reply is written.
+    pub(super) dump_slot: Option<DumpSlot>,
 }
 
 /// Scratch past this many bytes is dropped after its request.
@@ -54,6 +82,7 @@ impl Scratch {
     /// millions of tokens) grew, so an idle keep-alive connection does not
     /// pin that memory.
     pub fn release_large(&mut self) {
+        self.dump_slot = None;
         if self.out.capacity() > SCRATCH_KEPT_BYTES {
             self.out = Vec::new();
         }
@@ -266,6 +295,12 @@ impl Api {
     }
 
     fn dump(&self, s: &mut Scratch) -> Answer {
+        let Some(slot) = DumpSlot::take(&self.dumps) else {
+            crate::warn!("GET /dump refused: {DUMPS_AT_ONCE_MAX} dumps are being built or sent; the client may retry");
+            let message = format!("{DUMPS_AT_ONCE_MAX} dumps are being built or sent; retry shortly");
+            return Ok(Reply { header: Some("Retry-After: 1".into()), ..Reply::error(&mut s.out, 503, &message) });
+        };
+        s.dump_slot = Some(slot);
         let entries: Vec<DumpEntry> = (self.registry.indexes().iter())
             .map(|h| DumpEntry {
                 model_name: h.model_name.clone(),
@@ -397,6 +432,20 @@ mod tests {
         assert_eq!(query_param("a=%", "a").as_deref(), Some("%"));
         assert_eq!(query_param("a=%4", "a").as_deref(), Some("%4"));
         assert_eq!(query_param("", "a"), None);
+    }
+
+    #[test]
+    fn dumps_at_once_are_capped_until_their_replies_are_written() {
+        let dumps = Arc::new(AtomicUsize::new(0));
+        let mut held: Vec<_> = (0..DUMPS_AT_ONCE_MAX).map(|_| DumpSlot::take(&dumps).expect("a free place")).collect();
+        assert!(DumpSlot::take(&dumps).is_none(), "every place is taken");
+        let mut s = Scratch { dump_slot: held.pop(), ..Scratch::default() };
+        s.release_large();
+        assert_eq!(dumps.load(Ordering::Relaxed), DUMPS_AT_ONCE_MAX - 1, "a written reply gives its place back");
+        let again = DumpSlot::take(&dumps);
+        assert!(again.is_some());
+        drop((held, again));
+        assert_eq!(dumps.load(Ordering::Relaxed), 0);
     }
 
     #[test]
