@@ -301,14 +301,7 @@ impl Api {
             return Ok(Reply { header: Some("Retry-After: 1".into()), ..Reply::error(&mut s.out, 503, &message) });
         };
         s.dump_slot = Some(slot);
-        let entries: Vec<DumpEntry> = (self.registry.indexes().iter())
-            .map(|h| DumpEntry {
-                model_name: h.model_name.clone(),
-                tenant_id: h.tenant_id.clone(),
-                block_size: h.index.block_size(),
-                events: h.index.dump_events(),
-            })
-            .collect();
+        let entries: Vec<DumpEntry> = self.registry.indexes().iter().map(|h| h.dump()).collect();
         s.out.clear();
         dump::write_dump(&mut s.out, &entries);
         Ok(Reply::json(200))
