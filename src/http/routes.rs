@@ -179,16 +179,11 @@ fn precedence(s: ListenerStatus) -> usize {
     [Paused, Active, Pending, Failed].iter().position(|&x| x == s).unwrap_or(0)
 }
 
-fn status_name<S: serde::Serializer>(status: &ListenerStatus, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(status.as_str())
-}
-
 /// One `/workers` entry.
 #[derive(Serialize)]
 struct WorkerView {
     instance_id: u64,
     source: &'static str,
-    #[serde(serialize_with = "status_name")]
     status: ListenerStatus,
     model_name: String,
     tenant_id: String,
@@ -201,7 +196,6 @@ struct WorkerView {
 #[derive(Serialize)]
 struct ListenerView {
     endpoint: String,
-    #[serde(serialize_with = "status_name")]
     status: ListenerStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     last_error: Option<String>,
@@ -451,5 +445,13 @@ mod tests {
         s.out = vec![0; SCRATCH_KEPT_BYTES + 1];
         s.release_large();
         assert_eq!((s.tokens.capacity(), s.hashes.capacity(), s.out.capacity()), (0, 0, 0));
+    }
+
+    #[test]
+    fn listener_statuses_are_written_by_name() {
+        use ListenerStatus::*;
+        for status in [Pending, Active, Paused, Failed] {
+            assert_eq!(serde_json::to_value(status).unwrap(), status.as_str());
+        }
     }
 }

@@ -36,8 +36,9 @@ impl fmt::Display for ListenerId {
     }
 }
 
-/// A listener's state as the HTTP API reports it.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+/// A listener's state as the HTTP API reports it (serialized as its `as_str` name).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ListenerStatus {
     /// Not connected yet (or reconnecting after a disconnect).
     Pending,
