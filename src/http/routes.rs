@@ -167,6 +167,13 @@ fn ok(s: &mut Scratch, status: u16) -> Answer {
     Ok(Reply::json(status))
 }
 
+/// `value` as the JSON body, with 200.
+fn json(s: &mut Scratch, value: &impl Serialize) -> Answer {
+    s.out.clear();
+    serde_json::to_writer(&mut s.out, value).map_err(|e| Refusal(500, e.to_string()))?;
+    Ok(Reply::json(200))
+}
+
 /// The value of query-string parameter `name`, `+` and `%XX` decoded.
 fn query_param(query: &str, name: &str) -> Option<String> {
     let decode = |s: &str| percent_encoding::percent_decode_str(&s.replace('+', " ")).decode_utf8_lossy().into_owned();
@@ -388,16 +395,7 @@ impl Api {
             Route::Routed => self.routed(body, s),
         }
     }
-}
 
-/// `value` as the JSON body, with 200.
-fn json(s: &mut Scratch, value: &impl Serialize) -> Answer {
-    s.out.clear();
-    serde_json::to_writer(&mut s.out, value).map_err(|e| Refusal(500, e.to_string()))?;
-    Ok(Reply::json(200))
-}
-
-impl Api {
     /// Answers a request whose head and body were read, within the limits.
     pub fn handle(&self, req: &Incoming<'_>, s: &mut Scratch) -> Reply {
         let answer = match req.route {
