@@ -87,7 +87,8 @@ pub struct AccessLog {
     tx: Sender<Msg>,
     /// Records sent and not yet taken by the writer.
     queued: Arc<AtomicUsize>,
-    trace_id_header: String,
+    /// The header whose value becomes `trace_id`, lowercase.
+    pub trace_id_header: String,
     dropped: AtomicU64,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -115,11 +116,6 @@ impl AccessLog {
             dropped: AtomicU64::new(0),
             writer: Mutex::new(Some(writer)),
         }))
-    }
-
-    /// The header whose value becomes `trace_id`, lowercase.
-    pub fn trace_id_header(&self) -> &str {
-        &self.trace_id_header
     }
 
     /// Queues a line; never blocks. A full queue drops it, counted.

@@ -231,7 +231,7 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
     let mut head_buf = Vec::new();
     // A new connection must start its first request within the head timeout.
     let mut first_byte = head_timeout;
-    let trace_header = s.api.access_log.as_ref().map(|l| l.trace_id_header());
+    let trace_header = s.api.access_log.as_ref().map(|l| l.trace_id_header.as_str());
     while !s.stop.load(Ordering::Relaxed) {
         let mut head = match conn.read_head(first_byte, head_timeout, trace_header) {
             Ok(h) => h,
