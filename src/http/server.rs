@@ -26,40 +26,28 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-/// Default most open connections; more are answered 503 and closed.
-pub const CONNECTIONS_MAX: usize = 1024;
 /// A connection with no request for this long is closed.
 pub const IDLE_TIMEOUT_MS: u64 = 60_000;
-/// Default seconds a request head may take from its first byte.
-pub const HEAD_TIMEOUT_S_DEFAULT: u64 = 10;
-/// Default seconds a request body may take from the end of its head.
-pub const BODY_TIMEOUT_S_DEFAULT: u64 = 60;
-/// Largest accepted request body by default, in bytes (a 1M-token /query is ~8 MB).
-pub const BODY_LIMIT_BYTES_DEFAULT: usize = 16 << 20;
 /// Stack of a connection thread (handlers are shallow).
 const CONNECTION_STACK_BYTES: usize = 256 * 1024;
 
 /// What bounds the HTTP front.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct HttpLimits {
-    /// Most open connections (one thread each).
+    /// Most open connections (one thread each; default 1024); more are
+    /// answered 503 and closed.
     pub connections_max: usize,
-    /// Largest request body.
+    /// Largest request body (default 16 MiB; a 1M-token /query is ~8 MB).
     pub body_limit_bytes: usize,
-    /// Seconds from a head's first byte (a new connection: from accept) to its end.
+    /// Seconds from a head's first byte (a new connection: from accept) to its end (default 10).
     pub head_timeout_s: u64,
-    /// Seconds from the end of a head to the end of its body.
+    /// Seconds from the end of a head to the end of its body (default 60).
     pub body_timeout_s: u64,
 }
 
 impl Default for HttpLimits {
     fn default() -> Self {
-        HttpLimits {
-            connections_max: CONNECTIONS_MAX,
-            body_limit_bytes: BODY_LIMIT_BYTES_DEFAULT,
-            head_timeout_s: HEAD_TIMEOUT_S_DEFAULT,
-            body_timeout_s: BODY_TIMEOUT_S_DEFAULT,
-        }
+        HttpLimits { connections_max: 1024, body_limit_bytes: 16 << 20, head_timeout_s: 10, body_timeout_s: 60 }
     }
 }
 
