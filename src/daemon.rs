@@ -105,7 +105,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         "kv-indexer {} listening on {}:{}{}",
         crate::version(),
         cfg.host,
-        http.local_port.unwrap_or(cfg.port),
+        http.tcp_addr.port(),
         cfg.unix_socket.as_ref().map(|p| format!(" and {}", p.display())).unwrap_or_default()
     );
 

@@ -63,9 +63,10 @@ struct Shared {
 pub struct HttpServer {
     shared: Arc<Shared>,
     accepters: Vec<JoinHandle<()>>,
-    tcp_addr: std::net::SocketAddr,
+    /// The bound TCP address (its port is the one asked for, or the one
+    /// the system chose for port 0).
+    pub tcp_addr: std::net::SocketAddr,
     unix_path: Option<PathBuf>,
-    pub local_port: Option<u16>,
 }
 
 fn reason(status: u16) -> &'static str {
@@ -144,7 +145,7 @@ impl HttpServer {
             })?);
         }
         let unix_path = unix_socket.map(Path::to_path_buf);
-        Ok(HttpServer { shared: s, accepters, tcp_addr, unix_path, local_port: Some(tcp_addr.port()) })
+        Ok(HttpServer { shared: s, accepters, tcp_addr, unix_path })
     }
 
     /// Stops accepting, closes every connection, and joins the accept threads.
