@@ -19,7 +19,6 @@
 //! ingest stops.
 
 use crate::config::Config;
-use crate::http::metrics::HttpMetrics;
 use crate::http::routes::Api;
 use crate::http::server::HttpServer;
 use crate::ingest::{Ingest, IngestConfig};
@@ -86,12 +85,11 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let readiness =
         Arc::new(Readiness { recovered: AtomicBool::new(!recovering), min_workers: cfg.min_initial_workers });
     let peers = Arc::new(Peers::new(cfg.peers.clone()));
-    let metrics = Arc::new(HttpMetrics::default());
     let api = Arc::new(Api {
         registry: registry.clone(),
         peers: peers.clone(),
         readiness: readiness.clone(),
-        metrics: metrics.clone(),
+        metrics: Default::default(),
         admin_token: cfg.admin_token.clone(),
         auth_refused: Default::default(),
         access_log: access_log.clone(),

@@ -25,7 +25,7 @@ pub struct Api {
     pub registry: Arc<Registry>,
     pub peers: Arc<Peers>,
     pub readiness: Arc<Readiness>,
-    pub metrics: Arc<HttpMetrics>,
+    pub metrics: HttpMetrics,
     /// When set, mutating endpoints need it as a bearer token.
     pub admin_token: Option<AdminToken>,
     /// Requests refused for a missing or wrong admin token.
