@@ -12,7 +12,7 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How much to log.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -145,14 +145,32 @@ pub fn format_line(level: Level, format: Format, journal: bool, unix_ms: u64, ms
 
 /// `2024-05-06T07:08:09.010Z` for milliseconds since the Unix epoch.
 pub fn rfc3339_utc_ms(unix_ms: u64) -> String {
-    let secs = (unix_ms / 1000) as libc::time_t;
-    // SAFETY: a zeroed tm is valid; gmtime_r writes only into it (and fails
-    // only for years past i32, where the zeroed fields stand).
+    let mut out = Vec::with_capacity(24);
+    push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(unix_ms), false);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Writes `t` as RFC 3339 with milliseconds: `2025-01-02T03:04:05.678Z`, or
+/// in local time with its offset, `2025-01-02T04:04:05.678+01:00`.
+pub fn push_timestamp(out: &mut Vec<u8>, t: SystemTime, local_time: bool) {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let (secs, millis) = (since.as_secs() as libc::time_t, since.subsec_millis());
+    let convert = if local_time { libc::localtime_r } else { libc::gmtime_r };
+    // SAFETY: a zeroed tm is valid; the _r variants write only into `tm`.
+    // They fail only for years past i32, which then read as zeroed fields.
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    unsafe { libc::gmtime_r(&secs, &mut tm) };
+    if unsafe { convert(&secs, &mut tm) }.is_null() {
+        tm = unsafe { std::mem::zeroed() };
+    }
     let (year, month, day) = (tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
     let (hour, min, sec) = (tm.tm_hour, tm.tm_min, tm.tm_sec);
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{min:02}:{sec:02}.{:03}Z", unix_ms % 1000)
+    let _ = write!(out, "{year:04}-{month:02}-{day:02}T{hour:02}:{min:02}:{sec:02}.{millis:03}");
+    if !local_time {
+        return out.push(b'Z');
+    }
+    let offset_min = tm.tm_gmtoff / 60;
+    let sign = if offset_min < 0 { '-' } else { '+' };
+    let _ = write!(out, "{sign}{:02}:{:02}", offset_min.abs() / 60, offset_min.abs() % 60);
 }
 
 /// Logs at error level.
@@ -178,6 +196,25 @@ mod tests {
         assert_eq!(rfc3339_utc_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
         assert_eq!(rfc3339_utc_ms(1_733_057_445_007), "2024-12-01T12:50:45.007Z");
         assert_eq!(rfc3339_utc_ms(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn utc_timestamps_are_rfc3339_with_millis() {
+        let mut out = Vec::new();
+        push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(1_700_000_000_123), false);
+        assert_eq!(String::from_utf8(out).unwrap(), "2023-11-14T22:13:20.123Z");
+        let mut out = Vec::new();
+        push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(951_825_600_007), false);
+        assert_eq!(String::from_utf8(out).unwrap(), "2000-02-29T12:00:00.007Z", "a leap day");
+    }
+
+    #[test]
+    fn local_timestamps_carry_an_offset() {
+        let mut out = Vec::new();
+        push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(1_700_000_000_123), true);
+        let s = String::from_utf8(out).unwrap();
+        assert_eq!(s.len(), "2023-11-14T22:13:20.123+00:00".len(), "{s}");
+        assert!(matches!(&s[23..24], "+" | "-") && &s[26..27] == ":", "{s}");
     }
 
     #[test]

@@ -20,6 +20,7 @@
 //! it in the new one; if the new file cannot be opened the old one is kept
 //! and the reopen reports the error.
 
+use crate::log::push_timestamp;
 use crossbeam::channel::{bounded, unbounded, Receiver, Sender};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -27,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Records queued for the writer before new ones are dropped.
 pub const QUEUE_LINES_MAX: usize = 65_536;
@@ -241,65 +242,10 @@ fn cut(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// Writes `t` as RFC 3339 with milliseconds: `2025-01-02T03:04:05.678Z`, or
-/// in local time with its offset, `2025-01-02T04:04:05.678+01:00`.
-pub fn push_timestamp(out: &mut Vec<u8>, t: SystemTime, local_time: bool) {
-    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs() as libc::time_t;
-    let millis = since.subsec_millis();
-    // SAFETY: a zeroed tm is valid; the _r variants write only into `tm`.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    let ok = unsafe {
-        if local_time {
-            !libc::localtime_r(&secs, &mut tm).is_null()
-        } else {
-            !libc::gmtime_r(&secs, &mut tm).is_null()
-        }
-    };
-    if !ok {
-        tm = unsafe { std::mem::zeroed() };
-    }
-    let _ = write!(
-        out,
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{millis:03}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    );
-    if !local_time {
-        out.push(b'Z');
-        return;
-    }
-    let offset_min = tm.tm_gmtoff / 60;
-    let sign = if offset_min < 0 { '-' } else { '+' };
-    let _ = write!(out, "{sign}{:02}:{:02}", offset_min.abs() / 60, offset_min.abs() % 60);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn utc_timestamps_are_rfc3339_with_millis() {
-        let mut out = Vec::new();
-        push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(1_700_000_000_123), false);
-        assert_eq!(String::from_utf8(out).unwrap(), "2023-11-14T22:13:20.123Z");
-        let mut out = Vec::new();
-        push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(951_825_600_007), false);
-        assert_eq!(String::from_utf8(out).unwrap(), "2000-02-29T12:00:00.007Z", "a leap day");
-    }
-
-    #[test]
-    fn local_timestamps_carry_an_offset() {
-        let mut out = Vec::new();
-        push_timestamp(&mut out, UNIX_EPOCH + Duration::from_millis(1_700_000_000_123), true);
-        let s = String::from_utf8(out).unwrap();
-        assert_eq!(s.len(), "2023-11-14T22:13:20.123+00:00".len(), "{s}");
-        assert!(matches!(&s[23..24], "+" | "-") && &s[26..27] == ":", "{s}");
-    }
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn header_names_are_tokens() {
