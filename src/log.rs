@@ -173,6 +173,11 @@ pub fn push_timestamp(out: &mut Vec<u8>, t: SystemTime, local_time: bool) {
     let _ = write!(out, "{sign}{:02}:{:02}", offset_min.abs() / 60, offset_min.abs() % 60);
 }
 
+/// The longest prefix of `s` of at most `max` bytes that ends on a char boundary.
+pub fn truncate_utf8(s: &str, max: usize) -> &str {
+    &s[..(0..=max.min(s.len())).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)]
+}
+
 /// Logs at error level.
 #[macro_export]
 macro_rules! error { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Error, format_args!($($t)*)) } }
@@ -215,6 +220,15 @@ mod tests {
         let s = String::from_utf8(out).unwrap();
         assert_eq!(s.len(), "2023-11-14T22:13:20.123+00:00".len(), "{s}");
         assert!(matches!(&s[23..24], "+" | "-") && &s[26..27] == ":", "{s}");
+    }
+
+    #[test]
+    fn long_strings_are_cut_on_a_char_boundary() {
+        assert_eq!(truncate_utf8("aé", 2), "a");
+        assert_eq!(truncate_utf8("aé", 3), "aé");
+        assert_eq!(truncate_utf8("abc", 5), "abc");
+        assert_eq!(truncate_utf8("é", 1), "");
+        assert_eq!(truncate_utf8("", 0), "");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use super::config::LAST_ERROR_LEN_MAX;
 use super::sink::EventSink;
 use crate::event::WorkerId;
+use crate::log::truncate_utf8;
 
 /// What `add_listener` needs to subscribe to one publisher.
 #[derive(Clone)]
@@ -177,12 +178,6 @@ impl ListenerShared {
 
 /// `error` cut to `LAST_ERROR_LEN_MAX` bytes on a char boundary.
 fn cut(mut error: String) -> String {
-    if error.len() > LAST_ERROR_LEN_MAX {
-        let mut end = LAST_ERROR_LEN_MAX;
-        while !error.is_char_boundary(end) {
-            end -= 1;
-        }
-        error.truncate(end);
-    }
+    error.truncate(truncate_utf8(&error, LAST_ERROR_LEN_MAX).len());
     error
 }

@@ -46,6 +46,7 @@ use super::{SavedIndex, SavedRegistration, Snapshot};
 use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId, BLOCKS_PER_EVENT_MAX};
 use crate::ingest::{BLOCK_SIZE_MAX, LISTENERS_MAX};
+use crate::log::truncate_utf8;
 use crate::registry::{RegisterArgs, INDEXES_MAX, NAME_BYTES_MAX};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
@@ -169,14 +170,6 @@ pub fn encode(s: &Snapshot) -> Vec<u8> {
     out.extend_from_slice(&header_sum.to_le_bytes());
     out.extend_from_slice(&body);
     out
-}
-
-fn truncate_utf8(s: &str, max: usize) -> &str {
-    let mut cut = s.len().min(max);
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    &s[..cut]
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
