@@ -1,6 +1,6 @@
 //! What the API's request bodies and the `/dump` format share: the classes
-//! a refused JSON body falls in, and the primitives that write JSON
-//! straight into a byte buffer.
+//! a refused JSON body falls in, the request bodies' size check, and the
+//! primitives that write JSON straight into a byte buffer.
 
 pub(crate) mod out;
 
@@ -42,3 +42,11 @@ impl fmt::Display for BodyError {
 }
 
 impl std::error::Error for BodyError {}
+
+/// Refuses a request body longer than `max` before reading it.
+pub(crate) fn check_size(body: &[u8], max: usize) -> Result<(), BodyError> {
+    if body.len() > max {
+        return Err(BodyError::Invalid(format!("request body is {} bytes; the limit is {max}", body.len())));
+    }
+    Ok(())
+}

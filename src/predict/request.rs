@@ -11,7 +11,7 @@
 
 use super::limits::TTL_MS_MAX;
 use crate::hash::JsonHash;
-use crate::json::BodyError;
+use crate::json::{check_size, BodyError};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -59,12 +59,7 @@ struct RoutedBody {
 
 /// Parses and checks a `/routed` body (see the module doc for the classes).
 pub fn parse_routed(body: &[u8]) -> Result<RoutedRequest, BodyError> {
-    if body.len() > ROUTED_BODY_BYTES_MAX {
-        return Err(BodyError::Invalid(format!(
-            "request body is {} bytes; the limit is {ROUTED_BODY_BYTES_MAX}",
-            body.len()
-        )));
-    }
+    check_size(body, ROUTED_BODY_BYTES_MAX)?;
     let text = std::str::from_utf8(body).map_err(|e| BodyError::Malformed(format!("the body is not UTF-8: {e}")))?;
     // Syntax first, so a type error early never hides malformed JSON later.
     serde_json::from_str::<IgnoredAny>(text).map_err(|e| BodyError::Malformed(e.to_string()))?;

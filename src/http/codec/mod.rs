@@ -41,6 +41,7 @@ mod json;
 mod query;
 mod response;
 
+use crate::json::check_size;
 pub use crate::json::BodyError;
 pub use control::{parse_peer, parse_register, parse_unregister, UnregisterRequest};
 pub use query::{parse_query, parse_query_by_hash, QueryRequest};
@@ -59,14 +60,6 @@ pub const QUERY_BODY_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// Largest body accepted by the small control endpoints (register,
 /// unregister, peers).
 pub const CONTROL_BODY_BYTES_MAX: usize = 64 * 1024;
-
-/// Refuses a body longer than `max` before reading it.
-fn check_size(body: &[u8], max: usize) -> Result<(), BodyError> {
-    if body.len() > max {
-        return Err(BodyError::Invalid(format!("request body is {} bytes; the limit is {max}", body.len())));
-    }
-    Ok(())
-}
 
 /// Merges two spellings of one field: both given must agree, else Invalid
 /// with `why(first, second)`.
