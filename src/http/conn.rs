@@ -375,10 +375,8 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8]) -> Result<(), ReadErr
         if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
             return Err(ReadError::Bad("invalid Content-Length"));
         }
-        let n = digits
-            .iter()
-            .try_fold(0u64, |n, &d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
-            .ok_or(ReadError::BodyTooLarge)?;
+        // All digits, so parsing fails only past u64.
+        let n = std::str::from_utf8(digits).ok().and_then(|d| d.parse().ok()).ok_or(ReadError::BodyTooLarge)?;
         if head.content_length.is_some_and(|m| m != n) {
             return Err(ReadError::Bad("conflicting Content-Length headers"));
         }
