@@ -80,6 +80,31 @@ fn a_closed_ready_gate_holds_batches_in_order_until_opened() {
     assert_eq!((c.held_batches, c.batches_applied, c.gaps_detected), (0, 25, 0));
 }
 
+#[test]
+fn held_batches_past_the_byte_limit_are_dropped_and_counted() {
+    // No batch fits in one byte: everything that arrives while the gate is
+    // closed is dropped, and the first batch after it opens has the gap
+    // replayed from the engine's ring.
+    let ingest = Ingest::start(IngestConfig { ready_gate_open: false, held_bytes_max: 1, ..test_config() }).unwrap();
+    let worker = WorkerId::new(32, 0);
+    let mut publisher = TestPublisher::new(PublisherConfig::default());
+    let sink = Arc::new(ModelSink::new());
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(publisher.wait_subscribed(1));
+    assert!(wait_until(|| status_of(&ingest, worker) == ListenerStatus::Paused));
+    publisher.publish_random(25);
+    assert!(wait_until(|| ingest.counters().held_dropped == 25));
+    assert_eq!(ingest.counters().held_batches, 0);
+    assert_eq!(sink.workers(), vec![], "applied while the gate was closed");
+
+    ingest.open_ready_gate();
+    publisher.publish_random(1);
+    assert_converges(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert_eq!((c.held_batches, c.held_dropped, c.batches_replayed, c.batches_applied), (0, 25, 25, 26));
+    ingest.shutdown();
+}
+
 fn assert_fails_against(ingest: &Ingest, worker: WorkerId, endpoint: String) {
     let spec = ListenerSpec {
         worker,

@@ -69,6 +69,9 @@ pub struct IngestConfig {
     /// Live batches one listener holds while a replay runs or the ready gate
     /// is closed; beyond this the newest are dropped and show up as a gap.
     pub held_batches_max: usize,
+    /// Bytes of decoded live batches one listener thread holds, over all its
+    /// listeners; beyond this the newest are dropped as above.
+    pub held_bytes_max: usize,
     /// ZMQ receive high-water mark of each SUB socket, in messages.
     pub sub_rcvhwm_batches: i32,
     /// ZMQ reconnect interval, first and largest (zmq backs off between them).
@@ -97,6 +100,7 @@ impl Default for IngestConfig {
             replay_timeout_ms: 2_000,
             replay_batches_max: 16_384,
             held_batches_max: 16_384,
+            held_bytes_max: 256 << 20,
             sub_rcvhwm_batches: 100_000,
             reconnect_ivl_ms: 100,
             reconnect_ivl_max_ms: 5_000,
@@ -117,13 +121,14 @@ impl IngestConfig {
 
     /// Rejects settings that would make a queue or loop unbounded or useless.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 8] = [
+        let checks: [(bool, &str); 9] = [
             (self.coalesce.as_micros() <= u128::from(COALESCE_US_MAX), "coalesce must be at most 100 ms"),
             (self.shard_queue_batches > 0, "shard_queue_batches must be at least 1"),
             (self.poll_timeout_ms > 0, "poll_timeout_ms must be at least 1"),
             (self.replay_timeout_ms > 0, "replay_timeout_ms must be at least 1"),
             (self.replay_batches_max > 0, "replay_batches_max must be at least 1"),
             (self.held_batches_max > 0, "held_batches_max must be at least 1"),
+            (self.held_bytes_max > 0, "held_bytes_max must be at least 1"),
             (self.sub_rcvhwm_batches > 0, "sub_rcvhwm_batches must be at least 1"),
             (self.listener_threads <= 256 && self.shard_threads <= 256, "at most 256 listener and 256 shard threads"),
         ];

@@ -17,6 +17,20 @@ pub(crate) struct Batch {
     pub events: Result<Vec<RawEvent>, String>,
 }
 
+impl Batch {
+    /// Bytes the batch holds, itself included.
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of::<Batch>()
+            + match &self.events {
+                Ok(events) => {
+                    events.capacity() * std::mem::size_of::<RawEvent>()
+                        + events.iter().map(RawEvent::heap_bytes).sum::<usize>()
+                }
+                Err(why) => why.capacity(),
+            }
+    }
+}
+
 /// Frames kept by a message with more parts than any valid one; the rest
 /// are read into the last and counted.
 const FRAMES_KEPT_MAX: usize = 4;

@@ -17,7 +17,7 @@
 //! something the thread sleeps `coalesce` before it looks again, so that
 //! one wake-up reads what arrived meanwhile (see `IngestConfig::coalesce`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -86,6 +86,8 @@ pub(crate) struct ThreadCtx {
     /// Where this thread receives each message.
     pub frames: RefCell<Frames>,
     pub held_gauge: Arc<AtomicU64>,
+    /// Bytes of the batches this thread's listeners hold (`held_bytes_max`).
+    pub held_bytes: Cell<usize>,
     pub gate_open: Arc<AtomicBool>,
     pub shutdown: Arc<AtomicBool>,
     /// Rung after a control message is queued, the gate opens, or shutdown.
@@ -116,6 +118,9 @@ struct Listener {
     ranks: Vec<u32>,
     /// Live batches waiting for a replay to finish or the gate to open.
     held: VecDeque<Batch>,
+    /// Held batches are being dropped (a limit was reached); said once until
+    /// the held queue empties.
+    held_dropping: bool,
     replay: Option<ReplayRun>,
     conn: Connection,
     /// The monitor was read short of `EAGAIN` (at its burst cap): look again.
@@ -278,6 +283,7 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut 
                     seq,
                     ranks,
                     held,
+                    held_dropping: false,
                     replay,
                     conn,
                     monitor_more: false,
@@ -293,6 +299,7 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut 
                     poller.remove(&l.sub);
                     poller.remove(&l.monitor);
                     t.held_gauge.fetch_sub(l.held.len() as u64, Ordering::Relaxed);
+                    t.held_bytes.set(t.held_bytes.get() - l.held.iter().map(Batch::bytes).sum::<usize>());
                     Removed { last_seq: l.seq.last(), ranks: l.ranks }
                 }
                 None => Removed::default(),
@@ -358,24 +365,54 @@ impl Listener {
     }
 
     fn hold(&mut self, t: &ThreadCtx, batch: Batch) {
-        if self.held.len() >= t.cfg.held_batches_max {
+        let bytes = batch.bytes();
+        if self.held.len() >= t.cfg.held_batches_max || t.held_bytes.get() + bytes > t.cfg.held_bytes_max {
             // Dropping the newest keeps the held run contiguous; the loss
             // shows up as a gap once the listener catches up.
             t.bump(&t.counters.held_dropped, 1);
+            if !std::mem::replace(&mut self.held_dropping, true) {
+                let (n, mib) = (self.held.len(), t.held_bytes.get() >> 20);
+                let why = if self.replay.is_some() { "a replay runs" } else { "startup recovery runs" };
+                crate::warn!(
+                    "{}: holding {n} batches ({mib} MiB on this thread) while {why}; newer batches are dropped \
+                     (at most {} batches a listener, {} MiB a thread) and replayed or resynced afterwards",
+                    self.spec.endpoint,
+                    t.cfg.held_batches_max,
+                    t.cfg.held_bytes_max >> 20
+                );
+            }
             return;
         }
-        self.held.push_back(batch);
+        self.push_held(t, batch, false);
+    }
+
+    fn push_held(&mut self, t: &ThreadCtx, batch: Batch, front: bool) {
+        t.held_bytes.set(t.held_bytes.get() + batch.bytes());
         t.bump(&t.held_gauge, 1);
+        if front {
+            self.held.push_front(batch);
+        } else {
+            self.held.push_back(batch);
+        }
+    }
+
+    fn pop_held(&mut self, t: &ThreadCtx) -> Option<Batch> {
+        let Some(batch) = self.held.pop_front() else {
+            self.held_dropping = false;
+            return None;
+        };
+        t.held_bytes.set(t.held_bytes.get() - batch.bytes());
+        t.held_gauge.fetch_sub(1, Ordering::Relaxed);
+        Some(batch)
     }
 
     fn drain_held(&mut self, t: &ThreadCtx) {
         // Bounded by the held queue: each round takes one batch out, and a
         // replay started on the way stops the drain.
         while self.replay.is_none() {
-            let Some(batch) = self.held.pop_front() else {
+            let Some(batch) = self.pop_held(t) else {
                 return;
             };
-            t.held_gauge.fetch_sub(1, Ordering::Relaxed);
             self.sequence_live(t, batch);
         }
     }
@@ -431,8 +468,7 @@ impl Listener {
                     }
                     if self.start_replay(t, from, to) {
                         // The trigger is older than anything held: it goes first.
-                        self.held.push_front(batch);
-                        t.bump(&t.held_gauge, 1);
+                        self.push_held(t, batch, true);
                         return;
                     }
                     self.give_up(t, from, to, fresh);

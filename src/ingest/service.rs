@@ -207,6 +207,7 @@ impl Ingest {
                 counters: counters.clone(),
                 frames: RefCell::default(),
                 held_gauge: held_gauge.clone(),
+                held_bytes: Default::default(),
                 gate_open: gate_open.clone(),
                 shutdown: shutdown.clone(),
             };

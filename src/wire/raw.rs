@@ -27,6 +27,32 @@ pub enum RawEvent {
     Unknown,
 }
 
+impl RawEvent {
+    /// Heap bytes the event holds (its vectors and strings), for bounding
+    /// how much decoded input is kept waiting.
+    pub fn heap_bytes(&self) -> usize {
+        fn text(s: &Option<String>) -> usize {
+            s.as_ref().map_or(0, String::capacity)
+        }
+        match self {
+            RawEvent::Stored(s) => {
+                let mm: usize =
+                    s.block_mm_hashes.iter().map(|m| std::mem::size_of::<Vec<u64>>() + m.capacity() * 8).sum();
+                let texts = [&s.lora_name, &s.medium, &s.cache_salt, &s.extra_keys_salt, &s.kv_cache_spec_kind];
+                s.block_hashes.capacity() * 8
+                    + s.token_ids.capacity() * 4
+                    + mm
+                    + texts.into_iter().chain([&s.locality, &s.ownership]).map(text).sum::<usize>()
+            }
+            RawEvent::Removed(r) => {
+                r.block_hashes.capacity() * 8
+                    + [&r.medium, &r.kv_cache_spec_kind, &r.locality, &r.ownership].into_iter().map(text).sum::<usize>()
+            }
+            RawEvent::Cleared | RawEvent::Unknown => 0,
+        }
+    }
+}
+
 /// A `BlockStored` event.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RawStored {
