@@ -121,7 +121,9 @@ fn bodies_nested_to_the_limit_and_past_it_are_answered() {
             assert_eq!(status, want, "{path} at the limit: {answer}");
             for n in [127, 100_000] {
                 let (status, answer) = d.post(path, &nested(open, close, n));
-                assert_eq!(status, 400, "{path} {n} deep: {answer}");
+                // A control body past 64 KiB is refused for its size first.
+                let want = if path == "/register" && n == 100_000 { 413 } else { 400 };
+                assert_eq!(status, want, "{path} {n} deep: {answer}");
             }
         }
     }

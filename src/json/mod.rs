@@ -16,6 +16,8 @@ pub enum BodyError {
     Invalid(String),
     /// Well-formed JSON with a missing, duplicated or wrongly typed field (HTTP 422).
     Unprocessable(String),
+    /// Longer than the endpoint takes (HTTP 413).
+    TooLarge(String),
 }
 
 impl BodyError {
@@ -24,13 +26,14 @@ impl BodyError {
         match self {
             BodyError::Malformed(_) | BodyError::Invalid(_) => 400,
             BodyError::Unprocessable(_) => 422,
+            BodyError::TooLarge(_) => 413,
         }
     }
 
     /// The text for `{"error": ...}`.
     pub fn message(&self) -> &str {
         match self {
-            BodyError::Malformed(m) | BodyError::Invalid(m) | BodyError::Unprocessable(m) => m,
+            BodyError::Malformed(m) | BodyError::Invalid(m) | BodyError::Unprocessable(m) | BodyError::TooLarge(m) => m,
         }
     }
 }
@@ -46,7 +49,7 @@ impl std::error::Error for BodyError {}
 /// Refuses a request body longer than `max` before reading it.
 pub(crate) fn check_size(body: &[u8], max: usize) -> Result<(), BodyError> {
     if body.len() > max {
-        return Err(BodyError::Invalid(format!("request body is {} bytes; the limit is {max}", body.len())));
+        return Err(BodyError::TooLarge(format!("request body is {} bytes; the limit is {max}", body.len())));
     }
     Ok(())
 }

@@ -156,6 +156,6 @@ mod tests {
         ] {
             assert_eq!(status(&body), want, "{body}");
         }
-        assert_eq!(status(&format!("{{\"pad\":\"{}\"}}", "x".repeat(ROUTED_BODY_BYTES_MAX))), 400);
+        assert_eq!(status(&format!("{{\"pad\":\"{}\"}}", "x".repeat(ROUTED_BODY_BYTES_MAX))), 413);
     }
 }

@@ -125,6 +125,7 @@ mod tests {
             Err(BodyError::Malformed(_)) => "malformed",
             Err(BodyError::Invalid(_)) => "invalid",
             Err(BodyError::Unprocessable(_)) => "unprocessable",
+            Err(BodyError::TooLarge(_)) => "too large",
         }
     }
 
