@@ -278,12 +278,15 @@ fn the_unix_socket_serves_the_same_api_and_is_gone_after_a_stop() {
 }
 
 #[test]
-fn a_wrong_method_is_405_with_the_allowed_one() {
+fn a_wrong_method_is_405_with_the_allowed_ones() {
     use std::io::{Read, Write};
     let d = Daemon::start(&[]);
-    for (method, path, allow) in
-        [("GET", "/query", "POST"), ("DELETE", "/register", "POST"), ("POST", "/health", "GET")]
-    {
+    for (method, path, allow) in [
+        ("GET", "/query", "POST"),
+        ("DELETE", "/register", "POST"),
+        ("POST", "/health", "GET, HEAD"),
+        ("HEAD", "/query", "POST"),
+    ] {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", d.port)).unwrap();
         write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
         let mut resp = String::new();

@@ -364,12 +364,12 @@ impl Api {
     /// Checks the method and the admin token, then answers.
     fn answer(&self, req: &Incoming<'_>, route: Route, s: &mut Scratch) -> Answer {
         let spec = route.spec();
-        if req.method != spec.method {
+        // HEAD is GET without the body (the server leaves it out).
+        let get = spec.method == "GET";
+        if req.method != spec.method && !(get && req.method == "HEAD") {
             let message = format!("{} takes {}, not {}", req.path, spec.method, req.method);
-            return Ok(Reply {
-                header: Some(format!("Allow: {}", spec.method)),
-                ..Reply::error(&mut s.out, 405, &message)
-            });
+            let allow = if get { "GET, HEAD" } else { spec.method };
+            return Ok(Reply { header: Some(format!("Allow: {allow}")), ..Reply::error(&mut s.out, 405, &message) });
         }
         if let (true, Some(token)) = (spec.mutating, &self.admin_token) {
             if let Err(e) = token.check(req.authorization) {
