@@ -187,6 +187,11 @@ fn slow_heads_lose_their_slot_at_the_head_deadline() {
     idle.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     assert_eq!(read_all(&mut idle), "", "closed without a word");
     assert_eq!(health(&d), 200);
+    // Both kinds of refusal are counted: at the cap, and the four late heads.
+    use support::truth_check::metric;
+    assert!(metric(&d, "kv_indexer_http_connections_refused_total") >= 3);
+    assert_eq!(metric(&d, r#"kv_indexer_http_heads_refused_total{status="408"}"#), 4);
+    assert_eq!(metric(&d, r#"kv_indexer_http_heads_refused_total{status="400"}"#), 0);
 }
 
 #[test]

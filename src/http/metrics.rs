@@ -22,11 +22,18 @@ struct EndpointStats {
     sum_ns: AtomicU64,
 }
 
+/// Statuses a request is refused with before its endpoint is known.
+const HEAD_REFUSALS: [u16; 3] = [400, 408, 431];
+
 /// Request counts, errors and durations per endpoint.
 #[derive(Default)]
 pub struct HttpMetrics {
     /// Per route in table order, then one for every unknown path.
     stats: [EndpointStats; TABLE.len() + 1],
+    /// Connections refused at `--http-connections-max`.
+    connections_refused: AtomicU64,
+    /// Requests refused before their endpoint was known, by `HEAD_REFUSALS`.
+    heads_refused: [AtomicU64; HEAD_REFUSALS.len()],
 }
 
 impl HttpMetrics {
@@ -46,6 +53,18 @@ impl HttpMetrics {
         s.sum_ns.fetch_add(elapsed.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
 
+    /// Counts a connection refused at the cap; returns how many have been.
+    pub fn record_connection_refused(&self) -> u64 {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Counts a request refused (with `status`) before its endpoint was known.
+    pub fn record_head_refused(&self, status: u16) {
+        if let Some(i) = HEAD_REFUSALS.iter().position(|&s| s == status) {
+            self.heads_refused[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Each route's stats with its label, unknown paths last.
     fn labelled(&self) -> impl Iterator<Item = (&EndpointStats, &'static str)> {
         let routes = TABLE.iter().map(|s| Some(s.route)).chain([None]);
@@ -54,6 +73,18 @@ impl HttpMetrics {
 
     /// Writes the HTTP families.
     pub fn render(&self, out: &mut Prom) {
+        let name = "kv_indexer_http_connections_refused_total";
+        out.family(name, "counter", "Connections refused (503) because --http-connections-max were open.");
+        out.sample(name, &[], self.connections_refused.load(Ordering::Relaxed) as f64);
+        let name = "kv_indexer_http_heads_refused_total";
+        out.family(
+            name,
+            "counter",
+            "Requests refused before their endpoint was known: 400 malformed, 408 late, 431 too large.",
+        );
+        for (status, n) in HEAD_REFUSALS.iter().zip(&self.heads_refused) {
+            out.sample(name, &[("status", &status.to_string())], n.load(Ordering::Relaxed) as f64);
+        }
         out.family("dynamo_kvindexer_requests_total", "counter", "HTTP requests by endpoint and method.");
         for (s, e) in self.labelled() {
             for (i, m) in METHODS.iter().enumerate() {

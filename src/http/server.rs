@@ -17,6 +17,7 @@ use super::conn::{Conn, Head, ReadError, Socket};
 use super::endpoints::{self, Route};
 use super::routes::{Api, Incoming, Reply, Scratch};
 use super::slots::Slots;
+use crate::ingest::LogLimiter;
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -57,6 +58,8 @@ struct Shared {
     limits: HttpLimits,
     stop: AtomicBool,
     slots: Arc<Slots>,
+    /// Says that connections are being refused at the cap, at most once a second.
+    refusing_log: parking_lot::Mutex<LogLimiter>,
 }
 
 /// The running HTTP front.
@@ -119,7 +122,8 @@ impl HttpServer {
         let tcp = TcpListener::bind(&addr).map_err(cannot)?;
         let tcp_addr = tcp.local_addr().map_err(cannot)?;
         let slots = Slots::new(limits.connections_max);
-        let s = Arc::new(Shared { api, limits, stop: AtomicBool::new(false), slots });
+        let refusing_log = Default::default();
+        let s = Arc::new(Shared { api, limits, stop: AtomicBool::new(false), slots, refusing_log });
         let s2 = s.clone();
         let mut accepters = vec![spawn("http-accept", move || {
             accept(&s2, tcp.incoming(), |c: &TcpStream| {
@@ -195,6 +199,13 @@ fn admit<S: Socket + 'static>(s: &Arc<Shared>, mut conn: S, watch: S) {
         let mut out = Vec::new();
         let reply = Reply::error(&mut out, 503, "too many open connections; retry later");
         write_reply(&mut conn, &reply, out.len(), &out, true, &mut Vec::new());
+        let refused = s.api.metrics.record_connection_refused();
+        s.refusing_log.lock().warn(|| {
+            format!(
+                "refusing HTTP connections: {} are open (--http-connections-max); {refused} refused so far",
+                s.limits.connections_max
+            )
+        });
         return;
     };
     slot.watch(Box::new(watch));
@@ -226,7 +237,8 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
             Ok(h) => h,
             Err(ReadError::Closed | ReadError::Io(_)) => return,
             Err(e) => {
-                refuse(&mut conn.sock, &e, &mut scratch, &mut head_buf);
+                let status = refuse(&mut conn.sock, &e, &mut scratch, &mut head_buf);
+                s.api.metrics.record_head_refused(status);
                 return conn.linger();
             }
         };

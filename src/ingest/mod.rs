@@ -92,6 +92,7 @@ mod counters;
 mod decode;
 mod listener;
 mod log;
+pub(crate) use log::LogLimiter;
 mod outbox;
 mod poller;
 mod replay;
