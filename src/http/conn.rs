@@ -402,6 +402,10 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8]) -> Result<(), ReadErr
         head.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
     } else if is("authorization") {
         let text = std::str::from_utf8(value).map_err(|_| ReadError::Bad("Authorization is not UTF-8"))?;
+        if head.authorization.is_some() {
+            // Which one counts would be a guess another hop may make the other way.
+            return Err(ReadError::Bad("more than one Authorization header"));
+        }
         head.authorization = Some(text.trim().to_string());
     }
     Ok(())
@@ -480,6 +484,8 @@ mod tests {
         let h = head(b"GET /health HTTP/1.1\r\nConnection: x, close\r\nAuthorization:  Bearer t \r\n\r\n").unwrap();
         assert!(h.close);
         assert_eq!(h.authorization.as_deref(), Some("Bearer t"));
+        let twice = head(b"GET /health HTTP/1.1\r\nAuthorization: Bearer a\r\nauthorization: Bearer b\r\n\r\n");
+        assert!(matches!(twice, Err(ReadError::Bad("more than one Authorization header"))));
         // Blank lines before a request, bare LF line ends, equal repeated lengths.
         let h = head(b"\r\n\nGET / HTTP/1.1\nContent-Length: 0\nContent-Length: 0\n\n").unwrap();
         assert_eq!(h.content_length, Some(0));

@@ -98,6 +98,8 @@ struct Model {
     length: Option<u64>,
     chunked: bool,
     expect_continue: bool,
+    /// An Authorization header was written (a second is refused).
+    authorization: bool,
     /// The first error in header order.
     error: Option<Want>,
     /// A syntax error: httparse refuses the head before any value is read.
@@ -158,7 +160,11 @@ fn apply_codings(m: &mut Model, value: &str) {
 /// One header line (without its line end), applied to the model.
 fn header(rng: &mut Rng, m: &mut Model) -> Vec<u8> {
     let sep = *pick(rng, &[":", ": ", ":\t", ":  "]);
-    let kind = if m.clean { *pick(rng, &[0, 1, 2, 3, 4, 5, 6, 8, 9]) } else { rng.below(10) };
+    let mut kind = if m.clean { *pick(rng, &[0, 1, 2, 3, 4, 5, 6, 8, 9]) } else { rng.below(10) };
+    if kind == 6 && m.clean && m.authorization {
+        // A clean case has one Authorization at most: another plain header instead.
+        kind = 8;
+    }
     let (name, value): (String, Vec<u8>) = match kind {
         0 | 1 => {
             let name = *pick(rng, &["Content-Length", "content-length", "CONTENT-LENGTH", "Content-length"]);
@@ -202,9 +208,10 @@ fn header(rng: &mut Rng, m: &mut Model) -> Vec<u8> {
         }
         6 => {
             let value: &[u8] = if m.clean { b"Bearer t" } else { one(rng, &[b"Bearer t", b"Basic x", b"\xff\xfe"]) };
-            if std::str::from_utf8(value).is_err() {
+            if std::str::from_utf8(value).is_err() || m.authorization {
                 m.fail(Want::Bad);
             }
+            m.authorization = true;
             ("Authorization".into(), value.into())
         }
         7 => {
