@@ -268,4 +268,13 @@ fn a_replay_that_times_out_fails_resyncs_and_releases_the_held_batches() {
     assert_eq!(c.held_batches, 0);
     let info = ingest.listener_info(ingest.listener_for(worker).unwrap()).unwrap();
     assert!(info.last_error.unwrap_or_default().contains("timed out"));
+
+    // A later gap that a replay recovers in full clears the stale error.
+    publisher.mute_replay(false);
+    publisher.lose_next(1);
+    publisher.publish_random(3);
+    settle(&ingest, worker, &publisher);
+    assert!(wait_until(|| ingest.counters().replays_ok == 1));
+    let info = ingest.listener_info(ingest.listener_for(worker).unwrap()).unwrap();
+    assert_eq!(info.last_error, None);
 }

@@ -709,6 +709,8 @@ impl Listener {
         if missing > 0 {
             self.gap_log.warn(|| format!("replay of {from}..{to} from {endpoint} missed {missing} batches"));
         } else {
+            // The stream is whole again: an earlier replay's error is history.
+            self.shared.clear_replay_error();
             self.gap_log.info(|| {
                 format!(
                     "gap {from}..{to} in the stream of {live} recovered: {applied} batches replayed from {endpoint}"

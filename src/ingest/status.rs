@@ -167,6 +167,15 @@ impl ListenerShared {
         self.conn.lock().last_error = Some(cut(error));
     }
 
+    /// Clears `last_error` after a replay recovered a gap in full, unless
+    /// the listener failed or is not connected (their errors still hold).
+    pub(crate) fn clear_replay_error(&self) {
+        let mut c = self.conn.lock();
+        if c.connected && !c.failed {
+            c.last_error = None;
+        }
+    }
+
     pub(crate) fn set_last_seq(&self, seq: Option<u64>) {
         self.last_seq.store(seq.unwrap_or(NO_SEQ), Ordering::Relaxed);
     }
