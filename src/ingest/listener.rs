@@ -505,6 +505,11 @@ impl Listener {
     /// rebuilt by later events. On a fresh stream the worker holds nothing
     /// those batches could have changed, so it is left as is.
     fn give_up(&mut self, t: &ThreadCtx, from: u64, to: u64, fresh: bool) {
+        self.give_up_because(t, from, to, fresh, "lost");
+    }
+
+    /// `give_up`, saying why the batches are missing (`lost`, `undecodable`).
+    fn give_up_because(&mut self, t: &ThreadCtx, from: u64, to: u64, fresh: bool, why: &str) {
         debug_assert!(from < to);
         let missing = to - from;
         if fresh {
@@ -513,7 +518,7 @@ impl Listener {
             t.bump(&t.counters.batches_lost, missing);
             t.bump(&t.counters.resyncs, 1);
             self.gap_log.warn(|| {
-                format!("lost batches {from}..{to} from {}; clearing its workers to resync", self.spec.endpoint)
+                format!("{why} batches {from}..{to} from {}; clearing its workers to resync", self.spec.endpoint)
             });
             self.clear_workers(t);
         }
@@ -525,10 +530,11 @@ impl Listener {
         let rank = batch.dp_rank.unwrap_or(self.spec.worker.dp_rank);
         let events = match batch.events {
             Ok(events) if self.track_rank(t, rank) => events,
-            _ => {
+            unusable => {
                 // Nothing usable in this batch: it counts as lost.
                 let fresh = self.seq.last().is_none();
-                self.give_up(t, seq, seq + 1, fresh);
+                let why = if unusable.is_err() { "undecodable" } else { "unusable (dp rank past the limit)" };
+                self.give_up_because(t, seq, seq + 1, fresh, why);
                 return;
             }
         };
