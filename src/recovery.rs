@@ -178,7 +178,7 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
         }
     }
     let keeping = if over_snapshot { "keeping the snapshot's state" } else { "starting empty" };
-    crate::warn!("recovery: no peer answered ({} tried); {keeping}", peers.len());
+    crate::warn!("recovery: no peer gave a usable dump ({} tried; each one's reason is above); {keeping}", peers.len());
     out
 }
 

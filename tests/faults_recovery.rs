@@ -130,7 +130,11 @@ fn no_peer_answering_in_full_starts_empty_and_says_so() {
     let hang = FakePeer::start(Failure::Hang, body.clone());
     let trickle = FakePeer::start(Failure::Trickle, body);
     let mut b = start_recovering(&[&half.url, &hang.url, &trickle.url], &engines);
-    assert!(b.wait_logged("no peer answered (3 tried); starting empty"), "{:?}", b.log());
+    assert!(
+        b.wait_logged("no peer gave a usable dump (3 tried; each one's reason is above); starting empty"),
+        "{:?}",
+        b.log()
+    );
     assert!(dump_facts(&b).is_empty(), "nothing of a broken dump was applied");
 
     // The engines' rings still hold seq 0: replays rebuild everything.
