@@ -58,15 +58,21 @@ fn a_listener_is_pending_until_its_publisher_appears_and_after_it_goes() {
     assert!(info.last_error.unwrap().contains("lost connection"));
 }
 
-#[test]
-fn a_closed_ready_gate_holds_batches_in_order_until_opened() {
-    let ingest = Ingest::start(IngestConfig { ready_gate_open: false, ..test_config() }).unwrap();
-    let worker = WorkerId::new(31, 0);
+/// An ingest with its ready gate closed and one listener of `worker`, paused.
+fn paused_listener(cfg: IngestConfig, worker: WorkerId) -> (Ingest, TestPublisher, Arc<ModelSink>) {
+    let ingest = Ingest::start(IngestConfig { ready_gate_open: false, ..cfg }).unwrap();
     let mut publisher = TestPublisher::new(PublisherConfig::default());
     let sink = Arc::new(ModelSink::new());
     ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
     assert!(publisher.wait_subscribed(1));
     assert!(wait_until(|| status_of(&ingest, worker) == ListenerStatus::Paused));
+    (ingest, publisher, sink)
+}
+
+#[test]
+fn a_closed_ready_gate_holds_batches_in_order_until_opened() {
+    let worker = WorkerId::new(31, 0);
+    let (ingest, mut publisher, sink) = paused_listener(test_config(), worker);
     publisher.publish_random(25);
     assert!(wait_until(|| ingest.counters().held_batches == 25));
     assert_eq!(sink.workers(), vec![], "applied while the gate was closed");
@@ -85,13 +91,8 @@ fn held_batches_past_the_byte_limit_are_dropped_and_counted() {
     // No batch fits in one byte: everything that arrives while the gate is
     // closed is dropped, and the first batch after it opens has the gap
     // replayed from the engine's ring.
-    let ingest = Ingest::start(IngestConfig { ready_gate_open: false, held_bytes_max: 1, ..test_config() }).unwrap();
     let worker = WorkerId::new(32, 0);
-    let mut publisher = TestPublisher::new(PublisherConfig::default());
-    let sink = Arc::new(ModelSink::new());
-    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
-    assert!(publisher.wait_subscribed(1));
-    assert!(wait_until(|| status_of(&ingest, worker) == ListenerStatus::Paused));
+    let (ingest, mut publisher, sink) = paused_listener(IngestConfig { held_bytes_max: 1, ..test_config() }, worker);
     publisher.publish_random(25);
     assert!(wait_until(|| ingest.counters().held_dropped == 25));
     assert_eq!(ingest.counters().held_batches, 0);
