@@ -104,6 +104,8 @@ fn chunk_sizes_past_two_to_the_64_never_take_the_api_down() {
     }
     let huge = "POST /query HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\n";
     assert_eq!(statuses(&exchange(&d, huge.as_bytes())), vec![413]);
+    let refused = r#"kv_indexer_http_heads_refused_total{status="413"}"#;
+    assert_eq!(support::truth_check::metric(&d, refused), 1, "a length past u64 is refused at the head");
     assert_eq!(health(&d), 200, "the API is still up");
 }
 

@@ -23,7 +23,7 @@ struct EndpointStats {
 }
 
 /// Statuses a request is refused with before its endpoint is known.
-const HEAD_REFUSALS: [u16; 3] = [400, 408, 431];
+const HEAD_REFUSALS: [u16; 4] = [400, 408, 413, 431];
 
 /// Request counts, errors and durations per endpoint.
 #[derive(Default)]
@@ -80,7 +80,7 @@ impl HttpMetrics {
         out.family(
             name,
             "counter",
-            "Requests refused before their endpoint was known: 400 malformed, 408 late, 431 too large.",
+            "Requests refused at their head: 400 malformed, 408 late, 413 a body over the limit, 431 headers too large.",
         );
         for (status, n) in HEAD_REFUSALS.iter().zip(&self.heads_refused) {
             out.sample(name, &[("status", &status.to_string())], n.load(Ordering::Relaxed) as f64);
