@@ -268,3 +268,32 @@ fn a_reachable_peer_replaces_the_snapshot_for_the_workers_it_knows() {
     assert_eq!(held(&dump(&b), KEY, 5, 0), r_before, "the snapshot's blocks for the worker it does not");
     assert!(b.wait_logged("replaces the snapshot's blocks of 1 worker(s)"), "{:?}", b.log());
 }
+
+#[test]
+fn a_remove_right_after_a_restart_takes_every_piece_of_a_larger_engine_block() {
+    // Engine blocks of 8 tokens, index blocks of 4: each is indexed as two pieces.
+    let dir = TempDir::new("split");
+    let mut p = TestPublisher::new(PublisherConfig { block_size: 8, seed: 12, ..PublisherConfig::default() });
+    let dir_arg = dir.arg();
+    let mut a = Daemon::start(&args(None, &dir_arg));
+    register(&a, 1, &p, "m", "default");
+    assert!(p.wait_subscribed(1));
+    let TestEvent::Stored { hashes, .. } = p.new_store(StorageTier::Device, None, 3) else { unreachable!() };
+    p.publish(vec![TestEvent::Stored { tier: StorageTier::Device, parent: None, hashes: hashes.clone() }]);
+    let tokens = p.chain_tokens(hashes[2]);
+    let score = |d: &Daemon| {
+        let (status, v) = d.post_json("/query", json!({"model_name": "m", "token_ids": tokens}));
+        assert_eq!(status, 200, "{v}");
+        v["scores"]["1"]["0"].as_u64().unwrap_or(0) // matched tokens
+    };
+    assert!(wait_until(|| score(&a) == 24), "six pieces of 4 tokens indexed: {}", score(&a));
+    stop(&mut a);
+
+    let b = Daemon::start(&args(None, &dir_arg));
+    assert!(wait_until(|| b.get("/health").0 == 200));
+    assert_eq!(score(&b), 24, "restored");
+    assert!(p.wait_subscribed(2));
+    // The first event the new daemon sees: the last engine block goes.
+    p.publish(vec![TestEvent::Removed { tier: StorageTier::Device, hashes: vec![hashes[2]] }]);
+    assert!(wait_until(|| score(&b) == 16), "both pieces of the removed block go: {}", score(&b));
+}

@@ -20,14 +20,22 @@
 //! the engine's hash, so later stores naming it as parent link to it; the
 //! first k-1 get [`split_block_hash`]`(engine hash, position)`. Removed
 //! events name engine hashes only, so each is expanded to the same k hashes
-//! using the factor learned from the worker's latest store: split blocks are
-//! removed whole. Any other engine block size is skipped (counted).
+//! using the factor learned from that tier's latest store: split blocks are
+//! removed whole. Any other engine block size is skipped (counted). Until a
+//! tier's first store the factor is unknown (a daemon restored from a
+//! snapshot or a peer's dump holds blocks cut before it started), so a
+//! remove takes every piece a block of any accepted size could have had:
+//! removing a piece that is not held changes nothing, keeping one that the
+//! engine dropped would claim a block the worker does not hold.
 //!
 //! **Cache groups.** Stores carrying `kv_cache_spec_kind` teach which group
 //! index is which kind; non-main kinds (sliding window, mamba, ...) are
 //! skipped. One main group is indexed per worker: the first one a store
 //! names as main, or group 0 until one does. Events of any other group,
-//! including removes that carry only `group_idx`, are skipped.
+//! including removes that carry only `group_idx`, are skipped, except
+//! before the worker's first store: then nothing is known yet (after a warm
+//! start the index may hold blocks of a main group other than 0), and a
+//! remove not marked non-main is applied, for the same reason.
 
 use std::sync::Arc;
 
@@ -78,9 +86,10 @@ fn tier_bit(tier: StorageTier) -> u8 {
 pub struct WorkerConverter {
     block_size: u32,
     /// Index blocks per engine block, per [`StorageTier`], from that tier's
-    /// last store: a remove names engine blocks of its own tier, whose size
-    /// may differ from another tier's (an offloader's larger host blocks).
-    split_factor: [u32; StorageTier::ALL.len()],
+    /// last store (None before its first): a remove names engine blocks of its
+    /// own tier, whose size may differ from another tier's (an offloader's
+    /// larger host blocks).
+    split_factor: [Option<u32>; StorageTier::ALL.len()],
     salts: FxHashMap<u64, SaltEntry>,
     group_is_main: [Option<bool>; GROUPS_TRACKED_MAX],
     indexed_group: Option<u32>,
@@ -94,7 +103,7 @@ impl WorkerConverter {
         debug_assert!(block_size > 0, "index block size must be at least 1");
         Self {
             block_size: block_size.max(1),
-            split_factor: [1; StorageTier::ALL.len()],
+            split_factor: [None; StorageTier::ALL.len()],
             salts: FxHashMap::default(),
             group_is_main: [None; GROUPS_TRACKED_MAX],
             indexed_group: None,
@@ -163,7 +172,7 @@ impl WorkerConverter {
         if s.token_ids.len() as u64 != count as u64 * u64::from(s.block_size) {
             return Err(SkipReason::TokenCountMismatch);
         }
-        self.split_factor[tier.index()] = split;
+        self.split_factor[tier.index()] = Some(split);
 
         let mut usable = s.opaque_extra_keys_from.map_or(count, |i| (i as usize).min(count));
         if split > 1 {
@@ -220,7 +229,7 @@ impl WorkerConverter {
         if r.block_hashes.is_empty() {
             return Err(SkipReason::EmptyEvent);
         }
-        let split = self.split_factor[tier.index()];
+        let split = self.split_factor[tier.index()].unwrap_or(SPLIT_FACTOR_MAX);
         let mut hashes = Vec::with_capacity(r.block_hashes.len() * split as usize);
         for &engine_hash in &r.block_hashes {
             hashes.extend((0..split - 1).map(|j| split_block_hash(engine_hash, j)));
@@ -272,8 +281,10 @@ impl WorkerConverter {
         if group == self.indexed_group.unwrap_or(0) {
             return Ok(());
         }
+        let nothing_learned = self.indexed_group.is_none() && self.split_factor.iter().all(Option::is_none);
         match self.group_is_main.get(group as usize).copied().flatten() {
             Some(false) => Err(SkipReason::NonMainAttention),
+            _ if nothing_learned && !learn => Ok(()),
             _ => Err(SkipReason::OtherKvGroup),
         }
     }

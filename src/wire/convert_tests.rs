@@ -139,9 +139,57 @@ fn unknown_events_and_remove_rules() {
     assert_eq!(skipped(RawEvent::Removed(remote)), SkipReason::RemoteLocality);
     let unknown_medium = RawRemoved { medium: Some("TAPE".into()), ..remove(&[1]) };
     assert_eq!(skipped(RawEvent::Removed(unknown_medium)), SkipReason::UnknownMedium);
-    let (out, reason) = one(RawEvent::Removed(RawRemoved { medium: Some("DISK".into()), ..remove(&[1, 2]) }));
-    assert_eq!(reason, None);
-    assert_eq!(out, vec![Event::removed(W, StorageTier::Disk, vec![1, 2])]);
+    let mut conv = WorkerConverter::new(BS);
+    let disk = |e: RawRemoved| RawRemoved { medium: Some("DISK".into()), ..e };
+    let stored = RawStored { medium: Some("DISK".into()), ..store(&[1, 2], None, 1) };
+    let (out, skips) = run(&mut conv, vec![RawEvent::Stored(stored), RawEvent::Removed(disk(remove(&[1, 2])))]);
+    assert_eq!(skips.total(), 0);
+    assert_eq!(out[1], Event::removed(W, StorageTier::Disk, vec![1, 2]));
+}
+
+/// Every hash a remove of `engine` could need when the block's size is unknown.
+fn all_pieces(engine: u64) -> impl Iterator<Item = u64> {
+    (0..SPLIT_FACTOR_MAX - 1).map(move |j| split_block_hash(engine, j)).chain([engine])
+}
+
+#[test]
+fn before_a_tiers_first_store_a_remove_takes_every_possible_piece() {
+    // A warm start: the index holds blocks this converter never saw cut.
+    let mut conv = WorkerConverter::new(BS);
+    let (out, _) = run(&mut conv, vec![RawEvent::Removed(remove(&[5, 6]))]);
+    let expected: Vec<u64> = all_pieces(5).chain(all_pieces(6)).collect();
+    assert_eq!(out, vec![Event::removed(W, StorageTier::Device, expected)]);
+    // A store teaches its own tier's size only.
+    let host = |e: RawRemoved| RawRemoved { medium: Some("CPU".into()), ..e };
+    let (out, _) = run(
+        &mut conv,
+        vec![
+            RawEvent::Stored(store(&[7], None, 1)),
+            RawEvent::Removed(remove(&[7])),
+            RawEvent::Removed(host(remove(&[8]))),
+        ],
+    );
+    assert_eq!(out[1], Event::removed(W, StorageTier::Device, vec![7]));
+    assert_eq!(out[2], Event::removed(W, StorageTier::HostPinned, all_pieces(8).collect()));
+    // A clear forgets the sizes again.
+    let (out, _) = run(&mut conv, vec![RawEvent::Cleared, RawEvent::Removed(remove(&[7]))]);
+    assert_eq!(out[1], Event::removed(W, StorageTier::Device, all_pieces(7).collect()));
+}
+
+#[test]
+fn before_the_first_store_removes_of_any_group_not_marked_non_main_apply() {
+    // After a warm start the index may hold a main group other than 0.
+    let mut conv = WorkerConverter::new(BS);
+    let group = |g, kind: Option<&str>| {
+        RawEvent::Removed(RawRemoved { group_idx: Some(g), kv_cache_spec_kind: kind.map(Into::into), ..remove(&[1]) })
+    };
+    let (out, skips) = run(&mut conv, vec![group(1, None), group(2, Some("sliding_window"))]);
+    assert_eq!(out.len(), 1);
+    assert_eq!(skips.get(SkipReason::NonMainAttention), 1);
+    // Once a store has been converted, group 0 is assumed main until a store says otherwise.
+    let (out, skips) = run(&mut conv, vec![RawEvent::Stored(store(&[1], None, 1)), group(1, None)]);
+    assert_eq!(out.len(), 1, "the store only");
+    assert_eq!(skips.get(SkipReason::OtherKvGroup), 1);
 }
 
 #[test]
