@@ -126,7 +126,7 @@ fn bench_decode_and_apply(batches: usize) {
         let start = Instant::now();
         for batch in &decoded {
             out.clear();
-            converter.convert(worker, &batch.events, &mut out, &skips);
+            converter.convert(worker, &batch.events, &mut out, &skips, &|_, _| {});
             for e in &out {
                 sink.apply(e);
             }

@@ -208,7 +208,7 @@ fn run_case(name: String, payloads: Vec<(Vec<u8>, u64)>, budget: Duration) -> Ro
     let convert = measure(&payloads, budget, |p| {
         let batch = decode_payload(black_box(p)).unwrap();
         out.clear();
-        conv.convert(worker, &batch.events, &mut out, &skips);
+        conv.convert(worker, &batch.events, &mut out, &skips, &|_, _| {});
         black_box(&out);
     });
     let count = payloads.len() as f64;

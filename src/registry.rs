@@ -10,7 +10,7 @@
 //! lock.
 
 use crate::dump::DumpEntry;
-use crate::event::{Event, WorkerId};
+use crate::event::{Event, StorageTier, WorkerId};
 use crate::event_status::ApplyCounters;
 use crate::index::{ApplyOutcome, Budget, Index, IndexConfig};
 use crate::ingest::{EventSink, Ingest, IngestError, ListenerId, ListenerInfo, ListenerSpec};
@@ -154,6 +154,10 @@ impl EventSink for IndexHandle {
 
     fn apply_all(&self, events: &[Event]) {
         self.apply_each(events, |_| {});
+    }
+
+    fn retain_held(&self, worker: WorkerId, tier: StorageTier, engine_hashes: &mut Vec<u64>) {
+        self.index.retain_held(worker, tier, engine_hashes);
     }
 
     fn remove_worker(&self, worker: WorkerId) {

@@ -296,4 +296,10 @@ fn a_remove_right_after_a_restart_takes_every_piece_of_a_larger_engine_block() {
     // The first event the new daemon sees: the last engine block goes.
     p.publish(vec![TestEvent::Removed { tier: StorageTier::Device, hashes: vec![hashes[2]] }]);
     assert!(wait_until(|| score(&b) == 16), "both pieces of the removed block go: {}", score(&b));
+    // Only pieces the index held were named: none counted as unknown.
+    let metrics = b.get("/metrics").1;
+    for (outcome, n) in [("removed", 2), ("unknown_removed", 0)] {
+        let line = format!("kv_indexer_blocks_total{{outcome=\"{outcome}\"}} {n}");
+        assert!(metrics.lines().any(|l| l == line), "no `{line}` in {metrics}");
+    }
 }

@@ -120,7 +120,7 @@ fn convert(f: &Fixture) -> (HashMap<u64, (StorageTier, u64)>, Vec<Event>, SkipCo
     for frames in &f.live {
         let (_, payload) = split_frames(frames).unwrap();
         let batch = decode_payload(payload).unwrap();
-        conv.convert(worker, &batch.events, &mut out, &skips);
+        conv.convert(worker, &batch.events, &mut out, &skips, &|_, _| {});
     }
     let mut stored = HashMap::new();
     for e in &out {

@@ -217,7 +217,7 @@ fn no_input_panics() {
             Ok(batch) => {
                 decoded += 1;
                 let conv = &mut converters[case as usize % 2];
-                conv.convert(worker, &batch.events, &mut out, &skips);
+                conv.convert(worker, &batch.events, &mut out, &skips, &|_, _| {});
                 if out.len() > OUT_EVENTS_MAX {
                     out.clear();
                 }

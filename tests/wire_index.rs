@@ -19,7 +19,7 @@ fn index_of(f: &Fixture, block_size: u32, upto: usize) -> (Index, WorkerId) {
     for frames in &f.live[..upto] {
         let (_, payload) = split_frames(frames).unwrap();
         let batch = decode_payload(payload).unwrap();
-        conv.convert(worker, &batch.events, &mut events, &skips);
+        conv.convert(worker, &batch.events, &mut events, &skips, &|_, _| {});
     }
     for e in &events {
         index.apply(e);

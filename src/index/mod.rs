@@ -39,7 +39,7 @@ mod writer;
 pub use budget::Budget;
 pub use reclaim::reclaim;
 
-use crate::event::{Event, EventKind, WorkerId};
+use crate::event::{Event, EventKind, StorageTier, WorkerId};
 use parking_lot::{Mutex, RwLock};
 use slots::PublishedSlots;
 use std::cell::RefCell;
@@ -249,6 +249,14 @@ impl Index {
         for e in events {
             let o = self.apply(e);
             seen(e, &o);
+        }
+    }
+
+    /// Keeps in `engine_hashes` only those `worker` holds in `tier`.
+    pub fn retain_held(&self, worker: WorkerId, tier: StorageTier, engine_hashes: &mut Vec<u64>) {
+        let records = |st: &mut WorkerState| engine_hashes.retain(|&h| st.records[tier.index()].get(h).is_some());
+        if self.with_worker(worker, false, records).is_none() {
+            engine_hashes.clear();
         }
     }
 

@@ -89,7 +89,8 @@ impl Shard {
                     *converter = WorkerConverter::new(block_size);
                 }
                 self.out.clear();
-                converter.convert(worker, &events, &mut self.out, &self.skips);
+                let retain_held = |tier, hashes: &mut Vec<u64>| sink.retain_held(worker, tier, hashes);
+                converter.convert(worker, &events, &mut self.out, &self.skips, &retain_held);
                 sink.apply_all(&self.out);
                 self.counters.batches_applied.fetch_add(1, Ordering::Relaxed);
                 self.counters.events_applied.fetch_add(self.out.len() as u64, Ordering::Relaxed);

@@ -24,9 +24,9 @@
 //! removed whole. Any other engine block size is skipped (counted). Until a
 //! tier's first store the factor is unknown (a daemon restored from a
 //! snapshot or a peer's dump holds blocks cut before it started), so a
-//! remove takes every piece a block of any accepted size could have had:
-//! removing a piece that is not held changes nothing, keeping one that the
-//! engine dropped would claim a block the worker does not hold.
+//! remove takes every piece a block of any accepted size could have had
+//! that the index holds (the caller's `retain_held` says which): keeping
+//! one that the engine dropped would claim a block the worker does not hold.
 //!
 //! **Cache groups.** Stores carrying `kv_cache_spec_kind` teach which group
 //! index is which kind; non-main kinds (sliding window, mamba, ...) are
@@ -81,6 +81,9 @@ fn tier_bit(tier: StorageTier) -> u8 {
     1 << tier.index()
 }
 
+/// Keeps in the list only the engine hashes the worker holds in the tier.
+pub type RetainHeld<'a> = &'a dyn Fn(StorageTier, &mut Vec<u64>);
+
 /// Per-worker conversion state (salt inheritance: engine hash -> salt seed for salted
 /// chains, bounded; cleaned on remove/clear).
 pub struct WorkerConverter {
@@ -95,6 +98,7 @@ pub struct WorkerConverter {
     indexed_group: Option<u32>,
     sort_scratch: Vec<u64>,
     bytes_scratch: Vec<u8>,
+    pieces_scratch: Vec<u64>,
 }
 
 impl WorkerConverter {
@@ -109,6 +113,7 @@ impl WorkerConverter {
             indexed_group: None,
             sort_scratch: Vec::new(),
             bytes_scratch: Vec::new(),
+            pieces_scratch: Vec::new(),
         }
     }
 
@@ -122,12 +127,20 @@ impl WorkerConverter {
         *self = Self::new(self.block_size);
     }
 
-    /// Appends the index events for `events` of `worker` to `out`, counting skips.
-    pub fn convert(&mut self, worker: WorkerId, events: &[RawEvent], out: &mut Vec<Event>, skips: &SkipCounters) {
+    /// Appends the index events for `events` of `worker` to `out`, counting
+    /// skips; `retain_held` answers from the index as it stands before them.
+    pub fn convert(
+        &mut self,
+        worker: WorkerId,
+        events: &[RawEvent],
+        out: &mut Vec<Event>,
+        skips: &SkipCounters,
+        retain_held: RetainHeld<'_>,
+    ) {
         for event in events {
             let result = match event {
                 RawEvent::Stored(stored) => self.stored(worker, stored, out, skips),
-                RawEvent::Removed(removed) => self.removed(worker, removed, out),
+                RawEvent::Removed(removed) => self.removed(worker, removed, out, retain_held),
                 RawEvent::Cleared => {
                     self.reset();
                     out.push(Event::cleared(worker));
@@ -222,17 +235,33 @@ impl WorkerConverter {
         Ok(())
     }
 
-    fn removed(&mut self, worker: WorkerId, r: &RawRemoved, out: &mut Vec<Event>) -> Result<(), SkipReason> {
+    fn removed(
+        &mut self,
+        worker: WorkerId,
+        r: &RawRemoved,
+        out: &mut Vec<Event>,
+        retain_held: RetainHeld<'_>,
+    ) -> Result<(), SkipReason> {
         check_placement(r.locality.as_deref(), r.ownership.as_deref())?;
         let tier = tier_for_medium(r.medium.as_deref()).ok_or(SkipReason::UnknownMedium)?;
         self.check_group(r.group_idx, r.kv_cache_spec_kind.as_deref(), false)?;
         if r.block_hashes.is_empty() {
             return Err(SkipReason::EmptyEvent);
         }
-        let split = self.split_factor[tier.index()].unwrap_or(SPLIT_FACTOR_MAX);
-        let mut hashes = Vec::with_capacity(r.block_hashes.len() * split as usize);
+        let split = self.split_factor[tier.index()];
+        let mut hashes = Vec::with_capacity(r.block_hashes.len() * split.unwrap_or(1) as usize);
         for &engine_hash in &r.block_hashes {
-            hashes.extend((0..split - 1).map(|j| split_block_hash(engine_hash, j)));
+            let pieces = |k: u32| (0..k - 1).map(move |j| split_block_hash(engine_hash, j));
+            match split {
+                Some(k) => hashes.extend(pieces(k)),
+                None => {
+                    let held = &mut self.pieces_scratch;
+                    held.clear();
+                    held.extend(pieces(SPLIT_FACTOR_MAX));
+                    retain_held(tier, held);
+                    hashes.extend_from_slice(held);
+                }
+            }
             hashes.push(engine_hash);
             if let Some(entry) = self.salts.get_mut(&engine_hash) {
                 entry.tiers &= !tier_bit(tier);

@@ -26,7 +26,7 @@ fn remove(hashes: &[u64]) -> RawRemoved {
 fn run(conv: &mut WorkerConverter, events: Vec<RawEvent>) -> (Vec<Event>, SkipCounters) {
     let skips = SkipCounters::new();
     let mut out = Vec::new();
-    conv.convert(W, &events, &mut out, &skips);
+    conv.convert(W, &events, &mut out, &skips, &|_, _| {});
     (out, skips)
 }
 
@@ -174,6 +174,19 @@ fn before_a_tiers_first_store_a_remove_takes_every_possible_piece() {
     // A clear forgets the sizes again.
     let (out, _) = run(&mut conv, vec![RawEvent::Cleared, RawEvent::Removed(remove(&[7]))]);
     assert_eq!(out[1], Event::removed(W, StorageTier::Device, all_pieces(7).collect()));
+}
+
+#[test]
+fn an_unknown_split_names_only_the_pieces_the_index_holds() {
+    let mut conv = WorkerConverter::new(BS);
+    let (mut out, skips) = (Vec::new(), SkipCounters::new());
+    let held = [split_block_hash(5, 0), split_block_hash(5, 1)];
+    let retain = |tier: StorageTier, hashes: &mut Vec<u64>| {
+        assert_eq!(tier, StorageTier::Device);
+        hashes.retain(|h| held.contains(h));
+    };
+    conv.convert(W, &[RawEvent::Removed(remove(&[5, 6]))], &mut out, &skips, &retain);
+    assert_eq!(out, vec![Event::removed(W, StorageTier::Device, vec![held[0], held[1], 5, 6])]);
 }
 
 #[test]

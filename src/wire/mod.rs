@@ -26,7 +26,9 @@ mod msgpack;
 mod raw;
 mod skip;
 
-pub use convert::{split_block_hash, WorkerConverter, GROUPS_TRACKED_MAX, SALTED_BLOCKS_MAX, SPLIT_FACTOR_MAX};
+pub use convert::{
+    split_block_hash, RetainHeld, WorkerConverter, GROUPS_TRACKED_MAX, SALTED_BLOCKS_MAX, SPLIT_FACTOR_MAX,
+};
 pub use decode::{
     decode_payload, ENGINE_STRING_BYTES_MAX, EVENTS_PER_BATCH_MAX, PAYLOAD_BYTES_MAX, TOKENS_PER_EVENT_MAX,
 };
