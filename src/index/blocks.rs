@@ -11,7 +11,7 @@
 //! Only the chain hash is stored: the local hash of a block is recovered
 //! from its chain and its parent's (`chain::local_of`).
 
-use super::pages::{Pages, Zeroable};
+use super::pages::{Pages, Writer, Zeroable};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -76,7 +76,7 @@ pub(crate) struct ChunkAlloc {
 
 impl ChunkAlloc {
     /// A free chunk for `owner`, its page allocated; None when the index is full.
-    pub(crate) fn alloc(&mut self, pages: &ChunkPages, owner: ChunkOwner) -> Option<u32> {
+    pub(crate) fn alloc(&mut self, pages: &ChunkPages, writer: &Writer, owner: ChunkOwner) -> Option<u32> {
         let page = match self.with_free.first() {
             Some(&p) => p,
             None => {
@@ -91,7 +91,7 @@ impl ChunkAlloc {
                 p
             }
         };
-        pages.ensure(page as usize);
+        pages.ensure(page as usize, writer);
         let bits = &mut self.page_free[page as usize];
         let word = bits.iter().position(|&w| w != 0).expect("page listed with a free chunk");
         let bit = bits[word].trailing_zeros() as usize;
@@ -107,7 +107,7 @@ impl ChunkAlloc {
     }
 
     /// Frees `chunk`; its page goes once it holds no live chunk.
-    pub(crate) fn free(&mut self, pages: &ChunkPages, chunk: u32) {
+    pub(crate) fn free(&mut self, pages: &ChunkPages, writer: &Writer, chunk: u32) {
         let page = chunk as usize / PAGE_CHUNKS;
         let k = chunk as usize % PAGE_CHUNKS;
         debug_assert!(self.page_free[page][k / 64] & (1 << (k % 64)) == 0, "chunk {chunk} freed twice");
@@ -116,7 +116,7 @@ impl ChunkAlloc {
         self.page_live[page] -= 1;
         self.live -= 1;
         if self.page_live[page] == 0 {
-            pages.release(page);
+            pages.release(page, writer);
         }
     }
 
@@ -146,18 +146,20 @@ mod tests {
     #[test]
     fn lowest_chunks_first_and_empty_pages_released() {
         let pages = ChunkPages::new();
+        // SAFETY: this test is the pages' one writer.
+        let w = unsafe { Writer::new() };
         let mut a = ChunkAlloc::default();
         let owner = |run| ChunkOwner { run, index: 0 };
-        let ids: Vec<u32> = (0..PAGE_CHUNKS as u32 + 3).map(|r| a.alloc(&pages, owner(r)).unwrap()).collect();
+        let ids: Vec<u32> = (0..PAGE_CHUNKS as u32 + 3).map(|r| a.alloc(&pages, &w, owner(r)).unwrap()).collect();
         assert_eq!(ids[0], 0);
         assert_eq!(ids[PAGE_CHUNKS], PAGE_CHUNKS as u32, "a second page once the first is full");
         assert!(pages.has(1));
         for &c in &ids[PAGE_CHUNKS..] {
-            a.free(&pages, c);
+            a.free(&pages, &w, c);
         }
         assert!(!pages.has(1), "an emptied page is released");
-        a.free(&pages, ids[7]);
-        assert_eq!(a.alloc(&pages, owner(99)).unwrap(), 7, "the lowest free chunk is reused");
+        a.free(&pages, &w, ids[7]);
+        assert_eq!(a.alloc(&pages, &w, owner(99)).unwrap(), 7, "the lowest free chunk is reused");
         assert_eq!(a.owner(7).run, 99);
         assert_eq!(a.live(), PAGE_CHUNKS as u64);
     }

@@ -15,6 +15,21 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
+/// Proof that its holder is the one writer of an index: it holds the
+/// index's tree lock, because the only `Writer` of an index belongs to the
+/// tree behind that lock. The methods that allocate, reach without a guard
+/// or release pages take one, so who may call them is in their signature.
+pub(crate) struct Writer(());
+
+impl Writer {
+    /// # Safety
+    /// Only the value an index keeps behind its tree lock may own the one
+    /// `Writer` made for that index's pages.
+    pub(crate) unsafe fn new() -> Writer {
+        Writer(())
+    }
+}
+
 /// A type whose all-zero bit pattern is a valid value.
 ///
 /// # Safety
@@ -62,19 +77,20 @@ impl<T: Zeroable, const N: usize> Pages<T, N> {
         Some(unsafe { &*page.add(i as usize % N) })
     }
 
-    /// Writer only: the element at `i`, whose page must exist.
+    /// The element at `i`, whose page must exist.
     #[inline]
-    pub(crate) fn at(&self, i: u32) -> &T {
-        // SAFETY: the writer is the only one that releases pages, so a page it
-        // allocated stays while it uses it; an unprotected guard is enough.
+    pub(crate) fn at(&self, i: u32, _writer: &Writer) -> &T {
+        // SAFETY: the writer is the only one that releases pages, and it is
+        // the caller, so a page it allocated stays while it uses it; an
+        // unprotected guard is enough.
         let guard = unsafe { epoch::unprotected() };
         let t: *const T = self.get(i, guard).expect("page exists");
         // SAFETY: as above; the reference lives as long as `self` is not mutated.
         unsafe { &*t }
     }
 
-    /// Writer only (callers serialize): allocates page `page` (and a larger directory) if needed.
-    pub(crate) fn ensure(&self, page: usize) {
+    /// Allocates page `page` (and a larger directory) if needed.
+    pub(crate) fn ensure(&self, page: usize, _writer: &Writer) {
         let guard = epoch::pin();
         let dir = self.dir.load(Ordering::Acquire, &guard);
         // SAFETY: writer only.
@@ -106,8 +122,8 @@ impl<T: Zeroable, const N: usize> Pages<T, N> {
         }
     }
 
-    /// Writer only (callers serialize): frees page `page` once no reader can hold it.
-    pub(crate) fn release(&self, page: usize) {
+    /// Frees page `page` once no reader can hold it.
+    pub(crate) fn release(&self, page: usize, _writer: &Writer) {
         let guard = epoch::pin();
         let dir = self.dir.load(Ordering::Acquire, &guard);
         // SAFETY: writer only.
@@ -178,14 +194,16 @@ mod tests {
         let p: Pages<AtomicU64, 16> = Pages::new();
         let guard = epoch::pin();
         assert!(p.get(3, &guard).is_none());
-        p.ensure(0);
-        p.ensure(9);
+        // SAFETY: this test is the pages' one writer.
+        let writer = unsafe { Writer::new() };
+        p.ensure(0, &writer);
+        p.ensure(9, &writer);
         assert_eq!(p.get(3, &guard).unwrap().load(Ordering::Relaxed), 0);
-        p.at(9 * 16 + 5).store(7, Ordering::Relaxed);
+        p.at(9 * 16 + 5, &writer).store(7, Ordering::Relaxed);
         assert_eq!(p.get(9 * 16 + 5, &guard).unwrap().load(Ordering::Relaxed), 7);
         assert!(p.get(5 * 16, &guard).is_none(), "pages between stay unallocated");
         assert_eq!(p.bytes(), 2 * 16 * 8 + 16 * 8);
-        p.release(9);
+        p.release(9, &writer);
         assert!(!p.has(9) && p.has(0));
         assert!(p.get(9 * 16 + 5, &guard).is_none());
     }

@@ -77,10 +77,13 @@ impl Bucket {
         use std::arch::x86_64::*;
         const _: () = assert!(SLOTS <= 12);
         // SAFETY: SSE2 is part of x86-64; the three unaligned 16-byte loads
-        // start at `lo` and end 48 bytes later, inside the bucket.
+        // start at `lo` and end 48 bytes later, inside the bucket (the
+        // pointer is derived from the whole bucket, not from `lo`, whose
+        // 40 bytes the last load passes).
         unsafe {
             let k = _mm_set1_epi32(low as i32);
-            let p = self.lo.as_ptr() as *const __m128i;
+            let bucket = self as *const Bucket as *const u8;
+            let p = bucket.add(std::mem::offset_of!(Bucket, lo)) as *const __m128i;
             let e0 = _mm_cmpeq_epi32(_mm_loadu_si128(p), k);
             let e1 = _mm_cmpeq_epi32(_mm_loadu_si128(p.add(1)), k);
             let e2 = _mm_cmpeq_epi32(_mm_loadu_si128(p.add(2)), k);

@@ -298,7 +298,7 @@ fn only_run_members(ix: &Index) -> *const members::Members {
     let tree = ix.tree.lock();
     let runs: Vec<u32> = tree.live_runs().collect();
     assert_eq!(runs.len(), 1, "one run");
-    ix.shared.runs.at(runs[0]).members[0].load(std::sync::atomic::Ordering::Relaxed)
+    ix.shared.runs.at(runs[0], &tree.writer).members[0].load(std::sync::atomic::Ordering::Relaxed)
 }
 
 #[test]

@@ -18,6 +18,7 @@
 use super::blocks::{ChunkAlloc, ChunkOwner, ChunkPages, CHUNK_BLOCKS, NIL};
 use super::budget::Budget;
 use super::members::{self, Change, Members};
+use super::pages::Writer;
 use super::reclaim;
 use super::runs::{chunk_list, RunHeader, RunPages, PAGE_RUNS};
 use super::slots::PublishedSlots;
@@ -70,9 +71,11 @@ pub(crate) struct Holder {
     pub bit: u64,
 }
 
-/// The writer's side of the shape.
-#[derive(Default)]
+/// The writer's side of the shape. An index keeps its one tree behind its
+/// tree lock, so whoever holds a `&Tree` holds the lock.
 pub(crate) struct Tree {
+    /// The pages' writer token (see `pages::Writer`).
+    pub(super) writer: Writer,
     info: Vec<RunInfo>,
     free_runs: Vec<u32>,
     alloc: ChunkAlloc,
@@ -81,6 +84,21 @@ pub(crate) struct Tree {
     live_runs: u64,
     /// Bytes of chunk lists and members now published.
     side_bytes: usize,
+}
+
+impl Default for Tree {
+    fn default() -> Self {
+        Tree {
+            // SAFETY: an index makes one tree, for its tree lock (`Index::new`).
+            writer: unsafe { Writer::new() },
+            info: Vec::new(),
+            free_runs: Vec::new(),
+            alloc: ChunkAlloc::default(),
+            entries: 0,
+            live_runs: 0,
+            side_bytes: 0,
+        }
+    }
 }
 
 /// The offsets `off .. off + n` of a run cut where its chunks end: for
@@ -101,10 +119,10 @@ fn chunk_spans(off: usize, n: usize) -> impl Iterator<Item = (usize, usize, usiz
 
 /// Writes `chains` as the blocks from offset `off` of a run whose chunk
 /// `i` is `chunk(i)`, a chunk at a time.
-fn write_chains(shared: &Shared, off: usize, chains: &[u64], chunk: impl Fn(usize) -> u32) {
+fn write_chains(shared: &Shared, writer: &Writer, off: usize, chains: &[u64], chunk: impl Fn(usize) -> u32) {
     let mut rest = chains;
     for (index, slot, take) in chunk_spans(off, chains.len()) {
-        let c = shared.chunks.at(chunk(index));
+        let c = shared.chunks.at(chunk(index), writer);
         for (j, &chain) in rest[..take].iter().enumerate() {
             c.set(slot + j, chain);
         }
@@ -152,7 +170,7 @@ impl Tree {
     }
 
     fn header<'a>(&self, shared: &'a Shared, run: u32) -> &'a RunHeader {
-        shared.runs.at(run)
+        shared.runs.at(run, &self.writer)
     }
 
     pub(crate) fn len(&self, shared: &Shared, run: u32) -> u32 {
@@ -172,7 +190,7 @@ impl Tree {
 
     #[inline]
     pub(crate) fn chain(&self, shared: &Shared, id: u32) -> u64 {
-        shared.chunks.at(id / CHUNK_BLOCKS as u32).chain(id as usize % CHUNK_BLOCKS)
+        shared.chunks.at(id / CHUNK_BLOCKS as u32, &self.writer).chain(id as usize % CHUNK_BLOCKS)
     }
 
     /// Position of block `id` in its prefix.
@@ -316,11 +334,11 @@ impl Tree {
         let have = (len as usize).div_ceil(CHUNK_BLOCKS);
         let mut fresh = Vec::new();
         for index in have..chunks_needed {
-            match self.alloc.alloc(&shared.chunks, ChunkOwner { run, index: index as u32 }) {
+            match self.alloc.alloc(&shared.chunks, &self.writer, ChunkOwner { run, index: index as u32 }) {
                 Some(c) => fresh.push(c),
                 None => {
                     for c in fresh {
-                        self.alloc.free(&shared.chunks, c);
+                        self.alloc.free(&shared.chunks, &self.writer, c);
                     }
                     return None;
                 }
@@ -345,7 +363,7 @@ impl Tree {
         std::sync::atomic::fence(Ordering::Release);
         // SAFETY: writer only; the list is the one just published.
         let list = unsafe { list_of(h) };
-        write_chains(shared, len as usize, chains, |i| list[i].load(Ordering::Relaxed));
+        write_chains(shared, &self.writer, len as usize, chains, |i| list[i].load(Ordering::Relaxed));
         // Nobody but the holder holds the new blocks, in any tier, before they are visible.
         for tier in 0..4 {
             let keep = (tier == holder.tier).then_some((holder.group, holder.bit));
@@ -384,7 +402,7 @@ impl Tree {
             None if (self.info.len() as u32) < RUNS_MAX => {
                 let r = self.info.len() as u32;
                 self.info.push(RunInfo::default());
-                shared.runs.ensure(r as usize / PAGE_RUNS);
+                shared.runs.ensure(r as usize / PAGE_RUNS, &self.writer);
                 r
             }
             None => return None,
@@ -392,11 +410,11 @@ impl Tree {
         let chunks_needed = chains.len().div_ceil(CHUNK_BLOCKS);
         let mut ids = Vec::with_capacity(chunks_needed);
         for index in 0..chunks_needed {
-            match self.alloc.alloc(&shared.chunks, ChunkOwner { run, index: index as u32 }) {
+            match self.alloc.alloc(&shared.chunks, &self.writer, ChunkOwner { run, index: index as u32 }) {
                 Some(c) => ids.push(c),
                 None => {
                     for c in ids {
-                        self.alloc.free(&shared.chunks, c);
+                        self.alloc.free(&shared.chunks, &self.writer, c);
                     }
                     self.free_runs.push(run);
                     return None;
@@ -405,7 +423,7 @@ impl Tree {
         }
         // As in `append`: a reader of these chains sees the cuts before them.
         std::sync::atomic::fence(Ordering::Release);
-        write_chains(shared, 0, chains, |i| ids[i]);
+        write_chains(shared, &self.writer, 0, chains, |i| ids[i]);
         let h = self.header(shared, run);
         let list = chunk_list::new(ids.iter().copied(), ids.len(), NIL);
         self.side_bytes += chunk_list::bytes(ids.len());
@@ -469,7 +487,7 @@ impl Tree {
         let list = unsafe { list_of(h) };
         for id in &list[(keep as usize).div_ceil(CHUNK_BLOCKS)..(len as usize).div_ceil(CHUNK_BLOCKS)] {
             let c = id.swap(NIL, Ordering::Relaxed);
-            self.alloc.free(&shared.chunks, c);
+            self.alloc.free(&shared.chunks, &self.writer, c);
         }
         let gone = (len - keep) as u64;
         self.entries -= gone;
@@ -490,7 +508,7 @@ impl Tree {
         for id in ids {
             let c = id.load(Ordering::Relaxed);
             if c != NIL {
-                self.alloc.free(&shared.chunks, c);
+                self.alloc.free(&shared.chunks, &self.writer, c);
             }
         }
         let freed = chunk_list::bytes(ids.len());
@@ -557,7 +575,7 @@ impl Tree {
     /// reader is left.
     pub(crate) fn release_all(&mut self, shared: &Shared) {
         for run in self.live_runs().collect::<Vec<_>>() {
-            let h = shared.runs.at(run);
+            let h = shared.runs.at(run, &self.writer);
             let list = h.chunks.swap(std::ptr::null_mut(), Ordering::Relaxed);
             if !list.is_null() {
                 // SAFETY: came from `chunk_list::new`; no reader is left.
