@@ -11,8 +11,8 @@
 //! a new group) builds a new value that the writer publishes in place of the
 //! old, which is freed through epochs. A change that only flips one worker's
 //! bit over whole segments is done in place with atomic or/and: other
-//! workers' bits never move, and the worker whose event it is has its
-//! version bumped around the event, so readers re-read it (see `query`).
+//! workers' bits never move, and the worker whose event it is changes them
+//! inside a window readers check (see `query`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -165,6 +165,7 @@ pub(crate) fn update(cur: Option<&Members>, group: u32, a: u32, b: u32, len: u32
                 } else {
                     g.bits[k].fetch_and(!bit, Ordering::Release);
                 }
+                super::pause::point();
             }
             return Change::Done;
         }

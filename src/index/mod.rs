@@ -10,11 +10,22 @@
 //! only per-(block, worker) structure is the worker's engine hash -> block
 //! map (`records`), which Removed events need.
 //!
+//! The promise: for every worker and tier, the depth an answer credits is
+//! never more than the largest depth the worker held at one instant while
+//! the query ran, and it is exact when the worker's blocks did not change
+//! during the query (under-reporting during a concurrent change is
+//! allowed). It holds for every interleaving of every event kind.
+//!
 //! Concurrency: any number of readers run `find_matches` at once with no
 //! lock; an event holds its worker's own state and the index's tree lock
 //! only while it changes runs and members, and one worker's events must
-//! arrive in order (one owner per worker). See `tree` for the shape,
-//! `writer` for applying events and `query` for the search.
+//! arrive in order (one owner per worker). Every change of a worker's bits
+//! is made in a window that only sets them or only clears them
+//! (`workers::Window`), and a query accepts a worker's answer only if one
+//! of the two ways was quiet while it walked (`query::find` says why that
+//! keeps the promise). See `tree` for the shape, `writer` for applying
+//! events and `query` for the search; `race_tests` stops writers and
+//! readers at every step (`pause`) to prove it.
 //!
 //! Memory a write unlinks is freed by later writes once no query can hold
 //! it; a program whose indexes may go quiet calls `reclaim` now and then
@@ -26,6 +37,7 @@ mod chain;
 mod dump;
 mod members;
 mod pages;
+mod pause;
 mod query;
 mod reclaim;
 mod records;
@@ -285,7 +297,19 @@ impl Index {
         CHAIN_SCRATCH.with(|s| {
             let mut chains = s.borrow_mut();
             let mut chains = chain::Chains::new(local_hashes, &mut chains, self.jump);
-            query::find(&self.shared, &mut chains, self.jump, || self.tree.lock())
+            query::find(&self.shared, &mut chains, self.jump, || Some(self.tree.lock()))
+        })
+    }
+
+    /// `find_matches` that never waits for the tree lock: workers it could
+    /// not settle without it are left out. For tests that run a query
+    /// while a writer is stopped holding the lock.
+    #[cfg(test)]
+    pub(crate) fn find_matches_unlocked(&self, local_hashes: &[u64]) -> Matches {
+        CHAIN_SCRATCH.with(|s| {
+            let mut chains = s.borrow_mut();
+            let mut chains = chain::Chains::new(local_hashes, &mut chains, self.jump);
+            query::find(&self.shared, &mut chains, self.jump, || self.tree.try_lock())
         })
     }
 
@@ -352,5 +376,7 @@ impl Drop for Index {
     }
 }
 
+#[cfg(test)]
+mod race_tests;
 #[cfg(test)]
 mod tests;

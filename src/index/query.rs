@@ -20,7 +20,7 @@ use super::chain::Chains;
 use super::members::GroupSegs;
 use super::reclaim;
 use super::runs::RunView;
-use super::slots::{SlotTable, GROUP_BITS};
+use super::slots::{group_one_way, one_way, Seqs, SlotTable, GROUP_BITS};
 use super::tree::Shared;
 use super::{Matches, WorkerMatch};
 use crossbeam::epoch::Guard;
@@ -183,6 +183,7 @@ fn walk(shared: &Shared, chains: &mut Chains, jump: u32, sweeps: &mut [Sweep], g
         let Some(run) = shared.starts.get(chains.at(pos as usize), guard) else { break };
         let Some(header) = shared.runs.get(run, guard) else { break };
         let view = header.view(guard);
+        super::pause::open();
         if view.start != pos {
             break;
         }
@@ -193,6 +194,7 @@ fn walk(shared: &Shared, chains: &mut Chains, jump: u32, sweeps: &mut [Sweep], g
         for s in sweeps.iter_mut() {
             s.run(&view, pos, m, lower);
         }
+        super::pause::open();
         torn |= header.cut_since(&view);
         pos += m;
         if sweeps.iter().all(Sweep::done) {
@@ -207,19 +209,19 @@ fn walk(shared: &Shared, chains: &mut Chains, jump: u32, sweeps: &mut [Sweep], g
 
 /// Retries before a query walks under the tree lock instead.
 const RETRIES_MAX: usize = 8;
-/// How long a query waits, in all, for workers whose version is odd
+/// How long a query waits, in all, for workers in the middle of an event
 /// before it retries without waiting.
-const WAIT_EVEN_MAX_US: u64 = 50_000;
+const WAIT_MAX_US: u64 = 200;
 
-/// Waits until no worker of `masks` is in the middle of an event, or the
-/// deadline passes. Spins briefly, then yields.
+/// Waits until no worker of `masks` has a window open, or the deadline
+/// passes. Spins briefly, then yields.
 fn wait_between_events(table: &SlotTable, masks: &[(usize, u64)], deadline: std::time::Instant) {
-    let mut v = [0u64; G];
+    let mut v = [[0u64; 2]; G];
     for round in 0u32.. {
         let mut busy = false;
         for &(group, mask) in masks {
-            table.read_versions(group, mask, &mut v);
-            each(mask, |b| busy |= v[b] & 1 == 1);
+            table.read_seqs(group, mask, &mut v);
+            each(mask, |b| busy |= (v[b][0] | v[b][1]) & 1 == 1);
         }
         if !busy || std::time::Instant::now() >= deadline {
             return;
@@ -232,16 +234,29 @@ fn wait_between_events(table: &SlotTable, masks: &[(usize, u64)], deadline: std:
     }
 }
 
-/// Every worker's depths. Stores only set a worker's bits and removes only
-/// take them back, so a walk that overlaps either sees a state between the
-/// worker's before and after. A worker whose version moved while the path
-/// was walked (an event that both took bits back and set others, or a
-/// clear) is searched again, so its answer is a state it really had. Before each retry it waits (briefly, bounded) for those
-/// workers' events to finish; past `RETRIES_MAX` retries it takes the writer
-/// lock (`lock_writer`), which no event can interleave with.
+/// Every worker's depths, none of them more than the worker held at one
+/// instant while the query ran, and each exact for a worker whose blocks
+/// did not change meanwhile.
+///
+/// Why: a writer changes a worker's bits only inside a window that either
+/// only sets them or only clears them (`writer`), and readers check each
+/// worker's two sequences (`slots::Versions`) before and after a walk. If
+/// no clearing window was open at any time during the walk, the worker's
+/// bits only grew meanwhile, so every bit the walk saw set was still set
+/// when it ended: the answer is at most what the worker held then. If no
+/// setting window was, they only shrank, and every bit seen set was set
+/// when the walk began. Depths only grow with the bits, so either way the
+/// answer is at most a depth the worker held at one instant. A worker whose
+/// bits moved both ways is walked again (after waiting, briefly and
+/// bounded, for its event to end); past `RETRIES_MAX` retries the query
+/// walks under the tree lock (`lock_writer`), under which no bit changes.
+/// If `lock_writer` cannot give it (None), workers still unsettled then are
+/// left out of the answer (an under-report). A walk that saw a run on its
+/// path cut (its length and members may not go together) is done again
+/// for everyone.
 pub(crate) fn find<L, W>(shared: &Shared, chains: &mut Chains, jump: usize, lock_writer: L) -> Matches
 where
-    L: Fn() -> W,
+    L: Fn() -> Option<W>,
 {
     SCRATCH.with(|s| find_with(shared, chains, jump, lock_writer, &mut s.borrow_mut()))
 }
@@ -257,7 +272,9 @@ struct Scratch {
     /// Each finished sweep with the workers whose answers it gives.
     results: Vec<(Sweep, u64)>,
     sweeps: Vec<Sweep>,
-    before: Vec<[u64; G]>,
+    /// Per pending group, its summary words (first walk) or its slots'
+    /// sequences (later walks), read before the walk.
+    before: Vec<[Seqs; G]>,
 }
 
 thread_local! {
@@ -266,7 +283,7 @@ thread_local! {
 
 fn find_with<L, W>(shared: &Shared, chains: &mut Chains, jump: usize, lock_writer: L, s: &mut Scratch) -> Matches
 where
-    L: Fn() -> W,
+    L: Fn() -> Option<W>,
 {
     let guard = reclaim::pin_for_query();
     let jump = jump.max(1) as u32;
@@ -276,50 +293,46 @@ where
         pending.extend((0..table.groups()).map(|g| (g, table.live[g])).filter(|&(_, m)| m != 0));
         results.clear();
         let mut deadline = None;
-        let mut after = [0u64; G];
+        let mut after = [[0u64; 2]; G];
         for attempt in 0..=RETRIES_MAX {
             if pending.is_empty() {
                 break;
             }
             if attempt > 0 {
-                let d = *deadline.get_or_insert_with(|| {
-                    std::time::Instant::now() + std::time::Duration::from_micros(WAIT_EVEN_MAX_US)
-                });
+                let d = *deadline
+                    .get_or_insert_with(|| std::time::Instant::now() + std::time::Duration::from_micros(WAIT_MAX_US));
                 wait_between_events(table, pending, d);
             }
-            let _held = (attempt == RETRIES_MAX).then(&lock_writer);
-            // The first walk checks each group by its summary word, which
-            // settles a quiet group in one read; a group that was not quiet
+            let held = if attempt == RETRIES_MAX { lock_writer() } else { None };
+            let locked = held.is_some();
+            // The first walk checks each group by its summary words, which
+            // settle a quiet group in two reads; a group that was not quiet
             // is walked again, checked slot by slot.
             let quick = attempt == 0;
             before.clear();
-            before.resize(pending.len(), [0; G]);
+            before.resize(pending.len(), [[0; 2]; G]);
             for (k, &(group, mask)) in pending.iter().enumerate() {
                 if quick {
-                    before[k][0] = table.group_word(group);
+                    before[k][0] = table.group_words(group);
                 } else {
-                    table.read_versions(group, mask, &mut before[k]);
+                    table.read_seqs(group, mask, &mut before[k]);
                 }
             }
             sweeps.clear();
             sweeps.extend(pending.iter().map(|&(g, m)| Sweep::new(g as u32, m)));
-            let torn = walk(shared, chains, jump, sweeps, &guard) && attempt < RETRIES_MAX;
+            super::pause::open();
+            let torn = walk(shared, chains, jump, sweeps, &guard) && !locked;
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             still.clear();
             for (k, s) in sweeps.drain(..).enumerate() {
                 let (group, mask) = pending[k];
                 let mut unstable = 0u64;
-                if torn {
+                if torn || quick && !locked && !group_one_way(before[k][0], table.group_words(group)) {
                     unstable = mask;
-                } else if quick {
-                    let word = table.group_word(group);
-                    if word != before[k][0] || word as u32 != 0 {
-                        unstable = mask;
-                    }
-                } else if attempt < RETRIES_MAX {
-                    table.read_versions(group, mask, &mut after);
+                } else if !quick && !locked {
+                    table.read_seqs(group, mask, &mut after);
                     each(mask, |b| {
-                        if before[k][b] != after[b] || before[k][b] & 1 == 1 {
+                        if !one_way(before[k][b], after[b]) {
                             unstable |= 1 << b;
                         }
                     });

@@ -18,24 +18,57 @@ pub(crate) const GROUP_BITS: u32 = 64;
 /// Most workers one index can hold (groups are u16).
 pub(crate) const SLOTS_MAX: u32 = 1 << 16;
 
-/// The versions of one group's slots. A slot's version is odd while that
-/// slot's worker changes the tree in a way readers must not see half done
-/// (see `writer`). `group` sums them up so that a query over a quiet group
-/// reads one word, not 64: its high half counts every start and end of such
-/// a change in the group, its low half how many are under way.
-pub(crate) struct Versions {
-    pub slots: [AtomicU64; GROUP_BITS as usize],
-    pub group: AtomicU64,
+/// Which way a window of a worker's event changes its bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Way {
+    /// Bits are only set.
+    Add = 0,
+    /// Bits are only cleared.
+    Remove = 1,
 }
 
-/// What `Versions::group` gains when a change starts, and when it ends.
+/// The windows of one group's slots. Every change of a worker's bits is
+/// made inside a window of its worker, which sets bits only (`Way::Add`)
+/// or clears them only (`Way::Remove`); a slot's sequence of each way is
+/// odd while a window of that way is open. A reader that saw no window of
+/// one way open or opened while it walked saw the worker's bits move one
+/// way only (see `query`). `group` sums each way up so that a query over a
+/// quiet group reads two words, not 128: a word's high half counts every
+/// opening and closing in the group, its low half how many are open.
+pub(crate) struct Versions {
+    pub slots: [[AtomicU64; 2]; GROUP_BITS as usize],
+    pub group: [AtomicU64; 2],
+}
+
+/// What a `Versions::group` word gains when a window opens, and when it closes.
 pub(crate) const GROUP_BEGIN: u64 = (1 << 32) + 1;
 pub(crate) const GROUP_END: u64 = (1 << 32) - 1;
 
 impl Versions {
     pub(crate) fn new() -> Self {
-        Versions { slots: std::array::from_fn(|_| AtomicU64::new(0)), group: AtomicU64::new(0) }
+        Versions {
+            slots: std::array::from_fn(|_| [AtomicU64::new(0), AtomicU64::new(0)]),
+            group: [AtomicU64::new(0), AtomicU64::new(0)],
+        }
     }
+}
+
+/// One slot's sequences, add then remove, as a reader loaded them.
+pub(crate) type Seqs = [u64; 2];
+
+/// Whether a worker's bits moved one way only between two readings of its
+/// sequences: no window of some way was open at the first reading or
+/// opened before the second.
+#[inline]
+pub(crate) fn one_way(before: Seqs, after: Seqs) -> bool {
+    (0..2).any(|w| before[w] == after[w] && before[w] & 1 == 0)
+}
+
+/// Whether a group's windows moved one way only between two readings of
+/// its summary words (see `Versions`).
+#[inline]
+pub(crate) fn group_one_way(before: Seqs, after: Seqs) -> bool {
+    (0..2).any(|w| before[w] == after[w] && before[w] as u32 == 0)
 }
 
 /// Slot -> worker, as seen by readers.
@@ -44,7 +77,7 @@ pub(crate) struct SlotTable {
     pub workers: Vec<Option<WorkerId>>,
     /// Per group, the bits of slots in use.
     pub live: Vec<u64>,
-    /// Per group, the slots' versions (shared with the writer).
+    /// Per group, the slots' window sequences (shared with the writer).
     pub versions: Vec<Arc<Versions>>,
     /// Per slot, when its worker was placed there: a slot that names the
     /// same worker in two tables held it all along only if this is equal.
@@ -74,18 +107,19 @@ impl SlotTable {
         Some((s / GROUP_BITS as usize, (s % GROUP_BITS as usize) as u32))
     }
 
-    /// The summary word of `group` (see `Versions`).
+    /// The summary words of `group` (see `Versions`).
     #[inline]
-    pub(crate) fn group_word(&self, group: usize) -> u64 {
-        self.versions[group].group.load(Ordering::Acquire)
+    pub(crate) fn group_words(&self, group: usize) -> Seqs {
+        let g = &self.versions[group].group;
+        [g[0].load(Ordering::Acquire), g[1].load(Ordering::Acquire)]
     }
 
-    /// The versions of the slots in `mask` of `group`.
-    pub(crate) fn read_versions(&self, group: usize, mut mask: u64, out: &mut [u64; GROUP_BITS as usize]) {
+    /// The sequences of the slots in `mask` of `group`.
+    pub(crate) fn read_seqs(&self, group: usize, mut mask: u64, out: &mut [Seqs; GROUP_BITS as usize]) {
         let v = &self.versions[group].slots;
         while mask != 0 {
             let b = mask.trailing_zeros() as usize;
-            out[b] = v[b].load(Ordering::Acquire);
+            out[b] = [v[b][0].load(Ordering::Acquire), v[b][1].load(Ordering::Acquire)];
             mask &= mask - 1;
         }
     }

@@ -334,3 +334,19 @@ fn decode_steps_and_tail_evictions_make_no_new_structure() {
     assert_eq!((dev(&m, one), dev(&m, two)), (19, 24));
     ix.check_consistency();
 }
+
+/// Every block of a store ends in exactly one outcome, however it is
+/// refused: past the deepest position, or over the shared budget.
+#[test]
+fn every_refused_block_is_counted_once() {
+    let bl: Vec<(u64, u64)> = (0..300u64).map(|i| (i + 1, 7_000 + i)).collect();
+    let deep = Index::new(IndexConfig { depth_max: 100, ..IndexConfig::new(4) });
+    let o = deep.apply(&Event::stored(w(1), DEV, None, blocks(&bl)));
+    assert_eq!((o.stored, o.depth_exceeded), (100, 200), "{o:?}");
+    let full = Index::new(IndexConfig { budget: Arc::new(Budget::new(100)), ..IndexConfig::new(4) });
+    let o = full.apply(&Event::stored(w(1), DEV, None, blocks(&bl)));
+    assert_eq!((o.stored, o.shed), (100, 200), "{o:?}");
+    // Following existing blocks (another worker's) then refused mid-way.
+    let o = full.apply(&Event::stored(w(2), DEV, None, blocks(&bl)));
+    assert_eq!(o.stored + o.shed, 300, "{o:?}");
+}

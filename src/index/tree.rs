@@ -63,7 +63,7 @@ pub(crate) struct Place {
     pub off: u32,
 }
 
-/// Who a new block is for: tier, group, bit.
+/// Who a new block is for: tier, group, bit (0: held by nobody yet).
 #[derive(Clone, Copy)]
 pub(crate) struct Holder {
     pub tier: usize,
@@ -291,12 +291,20 @@ impl Tree {
         let old_bytes = unsafe { old.as_ref() }.map_or(0, |m| m.bytes());
         self.side_bytes -= old_bytes;
         retire(old, old_bytes);
+        super::pause::point();
     }
 
     /// Sets or clears the holder's bit over `a..b` of `run` in its tier.
     pub(crate) fn mark(&mut self, shared: &Shared, run: u32, who: Holder, a: u32, b: u32, on: bool) {
         let len = self.len(shared, run);
-        if !on && a > 0 && b == len && self.tail_is_only(shared, run, who, a) {
+        let change = members::update(self.members(shared, run, who.tier), who.group, a, b, len, who.bit, on);
+        self.set_members(shared, run, who.tier, change);
+    }
+
+    /// Clears the holder's bit over `a..b` of `run`, like `mark`, but a
+    /// tail nobody else holds is cut off instead (`trim` does the rest).
+    pub(crate) fn let_go(&mut self, shared: &Shared, run: u32, who: Holder, a: u32, b: u32) {
+        if a > 0 && b == self.len(shared, run) && self.tail_is_only(shared, run, who, a) {
             // The worker let go of a tail nobody else holds (an engine
             // evicting the end of a sequence): the run ends before it, and
             // nothing else changes. Its bits stay past the end, where no
@@ -305,8 +313,7 @@ impl Tree {
             self.cut(shared, run, a);
             return;
         }
-        let change = members::update(self.members(shared, run, who.tier), who.group, a, b, len, who.bit, on);
-        self.set_members(shared, run, who.tier, change);
+        self.mark(shared, run, who, a, b, false);
     }
 
     /// Whether blocks `from..` of `run` are held by `who` alone (in any tier)
@@ -370,17 +377,13 @@ impl Tree {
             let change = members::prepare_append(self.members(shared, run, tier), len, keep);
             self.set_members(shared, run, tier, change);
         }
-        let change = members::update(
-            self.members(shared, run, holder.tier),
-            holder.group,
-            len,
-            new_len,
-            new_len,
-            holder.bit,
-            true,
-        );
-        self.set_members(shared, run, holder.tier, change);
+        if holder.bit != 0 {
+            let m = self.members(shared, run, holder.tier);
+            let change = members::update(m, holder.group, len, new_len, new_len, holder.bit, true);
+            self.set_members(shared, run, holder.tier, change);
+        }
         h.len.store(new_len, Ordering::Release);
+        super::pause::point();
         self.entries += chains.len() as u64;
         Some(self.block_at(shared, run, len))
     }
@@ -431,15 +434,19 @@ impl Tree {
         debug_assert!(old.is_null());
         h.start.store(start, Ordering::Release);
         let len = chains.len() as u32;
-        let change = members::update(None, holder.group, 0, len, len, holder.bit, true);
-        self.set_members(shared, run, holder.tier, change);
+        if holder.bit != 0 {
+            let change = members::update(None, holder.group, 0, len, len, holder.bit, true);
+            self.set_members(shared, run, holder.tier, change);
+        }
         h.len.store(len, Ordering::Release);
+        super::pause::point();
         self.info[run as usize] = RunInfo { parent, children: Vec::new(), live: true };
         if parent != NIL {
             let (p, off) = self.locate(parent);
             self.info[p as usize].children.push((off, run));
         }
         shared.starts.insert(chains[0], run);
+        super::pause::point();
         self.entries += chains.len() as u64;
         self.live_runs += 1;
         Some(ids[0] * CHUNK_BLOCKS as u32)
@@ -482,7 +489,9 @@ impl Tree {
         // after the length: a reader that sees the new count (it loads the
         // count first) also sees the new length.
         h.len.store(keep, Ordering::Release);
+        super::pause::point();
         h.cuts.fetch_add(1, Ordering::AcqRel);
+        super::pause::point();
         // SAFETY: writer only.
         let list = unsafe { list_of(h) };
         for id in &list[(keep as usize).div_ceil(CHUNK_BLOCKS)..(len as usize).div_ceil(CHUNK_BLOCKS)] {
@@ -499,8 +508,11 @@ impl Tree {
         let len = h.len.load(Ordering::Relaxed);
         let first = self.chain(shared, self.block_at(shared, run, 0));
         h.len.store(0, Ordering::Release);
+        super::pause::point();
         h.cuts.fetch_add(1, Ordering::AcqRel);
+        super::pause::point();
         let removed = shared.starts.remove(first);
+        super::pause::point();
         debug_assert!(removed, "run {run} was listed by its first chain");
         let list = h.chunks.swap(std::ptr::null_mut(), Ordering::AcqRel);
         // SAFETY: writer only; the list came from `chunk_list::new`.
@@ -561,6 +573,7 @@ impl Tree {
             if parent != NIL {
                 let (p, off) = self.locate(parent);
                 assert!(self.info[p as usize].children.contains(&(off, run)), "run {run} listed under its parent");
+                assert!(off < self.len(shared, p), "run {run} hangs under a block of its parent run");
                 assert_eq!(self.start(shared, run), self.start(shared, p) + off + 1);
             }
         }

@@ -1,15 +1,16 @@
 //! The workers of one index: ids to dense slots, each slot's writer state
-//! behind a lock of its own, and the versions readers check.
+//! behind a lock of its own, and the windows its events change bits in.
 //!
 //! Slot `s` is bit `s % 64` of group `s / 64`; a worker gets the lowest free
 //! slot. Events of one worker lock only that worker's state (and the tree,
-//! briefly), so writers of different workers work side by side. A slot's
-//! version is odd while its worker's event both takes bits back and sets
-//! others, or clears (`Changing`); the table that readers use to name slots
-//! is republished on every change.
+//! briefly), so writers of different workers work side by side. Every
+//! change of a worker's bits is made inside a `Window` of its worker that
+//! either only sets bits or only clears them, whose sequences readers
+//! check (`slots::Versions`); the table that readers use to name slots is
+//! republished on every change.
 
 use super::records::Records;
-use super::slots::{PublishedSlots, SlotTable, Versions, GROUP_BEGIN, GROUP_BITS, GROUP_END, SLOTS_MAX};
+use super::slots::{PublishedSlots, SlotTable, Versions, Way, GROUP_BEGIN, GROUP_BITS, GROUP_END, SLOTS_MAX};
 use crate::event::WorkerId;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -26,30 +27,36 @@ pub(crate) struct WorkerState {
     /// Per (tier, block) the worker holds under more than one engine hash
     /// (rare: engines name one content with one hash), how many extra hashes.
     pub aliases: FxHashMap<(u8, u32), u32>,
-    /// The versions of the worker's group, which readers check.
+    /// The window sequences of the worker's group, which readers check.
     versions: Arc<Versions>,
 }
 
-/// While alive, the worker's bits in the tree may be changing: its version
-/// is odd, and readers that saw it move look again.
-pub(crate) struct Changing {
+/// While alive, the worker's bits may be changing one way (`Way`): that
+/// way's sequence of its slot is odd. Opened and closed under the tree
+/// lock only, so a reader that holds the lock sees no window open.
+pub(crate) struct Window {
     versions: Arc<Versions>,
     bit: usize,
+    way: usize,
 }
 
-impl Changing {
-    pub(crate) fn new(st: &WorkerState) -> Changing {
-        let bit = (st.slot % GROUP_BITS) as usize;
-        st.versions.group.fetch_add(GROUP_BEGIN, Ordering::AcqRel);
-        st.versions.slots[bit].fetch_add(1, Ordering::AcqRel);
-        Changing { versions: st.versions.clone(), bit }
+impl Window {
+    pub(crate) fn open(st: &WorkerState, way: Way) -> Window {
+        let (bit, way) = ((st.slot % GROUP_BITS) as usize, way as usize);
+        // The group's word first, so that it counts a window open whenever
+        // a slot's sequence is odd.
+        st.versions.group[way].fetch_add(GROUP_BEGIN, Ordering::AcqRel);
+        st.versions.slots[bit][way].fetch_add(1, Ordering::AcqRel);
+        super::pause::point();
+        Window { versions: st.versions.clone(), bit, way }
     }
 }
 
-impl Drop for Changing {
+impl Drop for Window {
     fn drop(&mut self) {
-        self.versions.slots[self.bit].fetch_add(1, Ordering::AcqRel);
-        self.versions.group.fetch_add(GROUP_END, Ordering::AcqRel);
+        self.versions.slots[self.bit][self.way].fetch_add(1, Ordering::AcqRel);
+        self.versions.group[self.way].fetch_add(GROUP_END, Ordering::AcqRel);
+        super::pause::point();
     }
 }
 

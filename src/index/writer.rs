@@ -13,20 +13,30 @@
 //! the worker's bit (a range at a time along a run); the first block that
 //! does not exist, and every one after it, is created in one go: appended to
 //! the parent's run when the parent is its last block, else as a new run.
-//! An event that names one engine hash twice is applied as two stores, cut
-//! before the repeat, so each part sees the records as they were before it.
-//! A remove clears the worker's bits (a range at a time) and trims the runs
+//! An event that names one engine hash twice leaves what two stores cut
+//! before the repeat would: the later block is what the hash names, and
+//! the earlier one is on the path but not held. A remove clears the worker's bits (a range at a time) and trims the runs
 //! it touched (`tree`).
+//!
+//! Readers rely on one rule (see `query`): every change of a worker's bits
+//! is made inside a window of that worker (`workers::Window`) that only
+//! sets bits or only clears them, opened and closed under the tree lock.
+//! An event that does both (a store whose engine hashes name other blocks
+//! already: the engine reused them for other content) clears first, in a
+//! window of its own, and sets after: readers see the worker's bits go
+//! down to a state that holds less than before and after, then up to the
+//! state after, never a mix of the two.
 
 use super::blocks::NIL;
 use super::chain;
 use super::records::{Homes, Spot, CLAIMED};
+use super::slots::Way;
 use super::tree::{Holder, Place, Shared, Tree};
-use super::workers::{Changing, WorkerState};
+use super::workers::{Window, WorkerState};
 use super::ApplyOutcome;
 use crate::event::{StorageTier, StoredBlock};
 use parking_lot::{Mutex, MutexGuard};
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::atomic::Ordering;
 
 const DEVICE: usize = StorageTier::Device as usize;
@@ -97,7 +107,11 @@ impl Marks {
 
     fn flush(&mut self, tree: &mut Tree, shared: &Shared) {
         if let Some(r) = self.range.take() {
-            tree.mark(shared, r.run, self.who, r.a, r.b, self.on);
+            if self.on {
+                tree.mark(shared, r.run, self.who, r.a, r.b, true);
+            } else {
+                tree.let_go(shared, r.run, self.who, r.a, r.b);
+            }
         }
     }
 
@@ -127,8 +141,11 @@ impl Marks {
 
 /// A stretch of one run over which the worker's bit is the same: whether a
 /// store that follows existing blocks finds them held already (aliases)
-/// without searching the members block by block. Valid while the store only
-/// goes forward setting bits; anything that clears some drops it.
+/// without searching the members block by block. Valid while the store
+/// holds the tree lock and only goes forward setting bits: it is dropped
+/// when the lock is let go between pieces (another writer appending to the
+/// run clears the worker's bits past its end). It never reaches past the
+/// run's end, where the worker's bits may be left from a tail it let go.
 struct Held {
     run: u32,
     from: u32,
@@ -148,7 +165,7 @@ impl Held {
             None => (0, len, false),
             Some(g) => {
                 let i = g.find(p.off);
-                (g.start(i), g.end(i, len), g.bits(i) & who.bit != 0)
+                (g.start(i), g.end(i, len).min(len), g.bits(i) & who.bit != 0)
             }
         };
         *cache = Some(Held { run: p.run, from, to, held });
@@ -207,7 +224,7 @@ fn release_alias(st: &mut WorkerState, tier: usize, id: u32) -> bool {
     true
 }
 
-/// Net changes of one event to the pair counters, applied once at its end.
+/// Net changes of one window to the pair counters.
 #[derive(Default)]
 struct Delta {
     added: u64,
@@ -224,20 +241,6 @@ impl Delta {
     }
 }
 
-/// The worker no longer names block `id` by one of its hashes (taken out of
-/// its records, or about to be overwritten): its bit goes unless another
-/// hash still names the block.
-fn release_block(tree: &mut Tree, shared: &Shared, st: &mut WorkerState, tier: usize, id: u32, delta: &mut Delta) {
-    if release_alias(st, tier, id) {
-        return;
-    }
-    let (group, bit) = split(st.slot);
-    delta.dropped += 1;
-    let (run, off) = tree.locate(id);
-    tree.mark(shared, run, Holder { tier, group, bit }, off, off + 1, false);
-    tree.trim(shared, run);
-}
-
 /// Why the rest of a store was refused.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Refusal {
@@ -248,7 +251,8 @@ enum Refusal {
 }
 
 impl Refusal {
-    fn count(self, out: &mut ApplyOutcome, n: u32) {
+    fn count(self, out: &mut ApplyOutcome, n: usize) {
+        let n = n as u32;
         match self {
             Refusal::UnknownParent => out.unknown_parent += n,
             Refusal::Depth => out.depth_exceeded += n,
@@ -258,6 +262,95 @@ impl Refusal {
     }
 }
 
+/// What a store's hashes named before it, once claimed.
+struct Claims {
+    /// Per block, the block its hash named before the event (NIL: new to
+    /// the worker).
+    previous: Vec<u32>,
+    spots: Vec<Spot>,
+    /// Per block, whether a later block of the event names the same hash
+    /// (the engine named it twice): then the later one is what the hash
+    /// names after the event, and this one is not held.
+    superseded: Vec<bool>,
+}
+
+/// Claims each block's hash in the records (adding it if new to the
+/// worker) while its bucket is at hand, asked ahead of use.
+fn claim(st: &mut WorkerState, tier: usize, blocks: &[StoredBlock]) -> Claims {
+    let records = &mut st.records[tier];
+    let mut ahead = [Homes::default(); PREFETCH_AHEAD];
+    for (h, b) in ahead.iter_mut().zip(blocks) {
+        *h = records.prefetch(b.engine_hash);
+    }
+    let n = blocks.len();
+    let mut c = Claims { previous: Vec::with_capacity(n), spots: Vec::with_capacity(n), superseded: vec![false; n] };
+    // Where each hash was named last in this event, once one repeats (rare).
+    let mut last: Option<FxHashMap<u64, usize>> = None;
+    for (k, b) in blocks.iter().enumerate() {
+        let homes = ahead[k % PREFETCH_AHEAD];
+        if let Some(next) = blocks.get(k + PREFETCH_AHEAD) {
+            ahead[k % PREFETCH_AHEAD] = records.prefetch(next.engine_hash);
+        }
+        let (old, spot) = records.claim(b.engine_hash, homes);
+        if old == Some(CLAIMED) {
+            let last =
+                last.get_or_insert_with(|| blocks[..k].iter().enumerate().map(|(j, b)| (b.engine_hash, j)).collect());
+            let j = last.insert(b.engine_hash, k).expect("claimed before in this event");
+            c.superseded[j] = true;
+            c.previous.push(c.previous[j]);
+            c.spots.push(spot);
+            continue;
+        }
+        if let Some(last) = &mut last {
+            last.insert(b.engine_hash, k);
+        }
+        c.previous.push(old.unwrap_or(NIL));
+        c.spots.push(spot);
+    }
+    c
+}
+
+/// Where a store starts: under which block, at which position, and the
+/// chain of every block it names, worked out from the parent's.
+struct Path {
+    parent: Option<Place>,
+    pos: u32,
+    chains: Vec<u64>,
+}
+
+impl Path {
+    fn new(tree: &Tree, shared: &Shared, parent: Option<u32>, blocks: &[StoredBlock]) -> Path {
+        let (parent, pos, mut chain) = match parent {
+            None => (None, 0, None),
+            Some(p) => (Some(tree.place(p)), tree.position(shared, p) + 1, Some(tree.chain(shared, p))),
+        };
+        let chains = blocks
+            .iter()
+            .enumerate()
+            .map(|(k, b)| {
+                let c = chain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash, pos + k as u32));
+                chain = Some(c);
+                c
+            })
+            .collect();
+        Path { parent, pos, chains }
+    }
+
+    /// Whether `old` is the very block the store names at `k` (the engine
+    /// stored it again), not other content under a reused hash.
+    fn names(&self, tree: &Tree, shared: &Shared, k: usize, old: u32) -> bool {
+        tree.chain(shared, old) == self.chains[k] && tree.position(shared, old) == self.pos + k as u32
+    }
+}
+
+/// Applies a Stored event. Every block ends in exactly one outcome: a
+/// refused block refuses every block after it, for the same reason.
+///
+/// Phases: claim the hashes in the records; under the tree lock, release
+/// the blocks whose hashes the engine reused for other content (bits only
+/// cleared), then place the blocks (bits only set), then trim what the
+/// release left unheld; then give each claimed slot its block. So readers
+/// see the worker's bits go down, then up, never both in one window.
 pub(crate) fn store(
     ctx: &Ctx,
     st: &mut WorkerState,
@@ -266,243 +359,233 @@ pub(crate) fn store(
     blocks: &[StoredBlock],
     out: &mut ApplyOutcome,
 ) {
-    let tier = tier as usize;
-    let mut parent = parent;
-    let mut rest = blocks;
-    while !rest.is_empty() {
-        let (cut, refused) = store_part(ctx, st, tier, parent, rest, out);
-        if let Some(why) = refused {
-            // A refused block refuses every block after it.
-            why.count(out, (rest.len() - cut) as u32);
-            return;
-        }
-        parent = Some(rest[cut - 1].engine_hash);
-        rest = &rest[cut..];
-    }
-}
-
-/// Stores the first blocks of `blocks`, up to the first engine hash that
-/// repeats one before it; returns how many it took and, if some of those
-/// were refused (they are counted), why.
-fn store_part(
-    ctx: &Ctx,
-    st: &mut WorkerState,
-    tier: usize,
-    parent: Option<u64>,
-    blocks: &[StoredBlock],
-    out: &mut ApplyOutcome,
-) -> (usize, Option<Refusal>) {
     let shared = ctx.shared;
-    let (group, bit) = split(st.slot);
-    let holder = Holder { tier, group, bit };
+    let tier = tier as usize;
     let parent_id = match parent {
         None => None,
         Some(h) => match parent_block(st, tier, h) {
             Some(p) => Some(p),
-            None => {
-                out.unknown_parent += blocks.len() as u32;
-                return (blocks.len(), Some(Refusal::UnknownParent));
-            }
+            None => return Refusal::UnknownParent.count(out, blocks.len()),
         },
     };
-    // What the worker's hashes name now, asked ahead of use. Each hash is
-    // claimed (added, if new to the worker) while its bucket is at hand and
-    // gets its block once the tree says which; a hash found claimed already
-    // was named earlier in this event.
-    let records = &mut st.records[tier];
-    let mut ahead = [Homes::default(); PREFETCH_AHEAD];
-    for (h, b) in ahead.iter_mut().zip(blocks) {
-        *h = records.prefetch(b.engine_hash);
-    }
-    let mut previous: Vec<u32> = Vec::with_capacity(blocks.len());
-    let mut spots: Vec<Spot> = Vec::with_capacity(blocks.len());
-    for (k, b) in blocks.iter().enumerate() {
-        let homes = ahead[k % PREFETCH_AHEAD];
-        if let Some(next) = blocks.get(k + PREFETCH_AHEAD) {
-            ahead[k % PREFETCH_AHEAD] = records.prefetch(next.engine_hash);
-        }
-        let (old, spot) = records.claim(b.engine_hash, homes);
-        if old == Some(CLAIMED) {
-            // Claimed by a block before it in this event: the engine named
-            // one hash twice. The part ends here; the rest is stored after
-            // it, against the records as this part leaves them.
-            break;
-        }
-        previous.push(old.unwrap_or(NIL));
-        spots.push(spot);
-    }
-    let blocks = &blocks[..previous.len()];
-
-    // The shape, under the tree lock: the block each stored block lands on.
+    let claims = claim(st, tier, blocks);
     let mut ids: Vec<u32> = Vec::with_capacity(blocks.len());
-    let mut delta = Delta::default();
-    let mut refused = None;
+    let mut again = vec![false; blocks.len()];
+    super::pause::open();
     {
         let mut guard = ctx.lock();
-        // Only setting bits, a store shows readers states between the
-        // worker's before and after, each a prefix of its blocks. Taking
-        // bits back (a reused hash) could show a mix of both that never
-        // was: from the first such block on, the worker's version is odd
-        // and readers that overlap look again.
-        let mut changing: Option<Changing> = None;
-        let mut piece_end = PIECE_BLOCKS;
-        let (mut cur, mut pos, mut pchain) = match parent_id {
-            None => (None, 0u32, None),
-            Some(p) => (Some(guard.place(p)), guard.position(shared, p) + 1, Some(guard.chain(shared, p))),
-        };
-        let mut held: Option<Held> = None;
-        let mut marks = Marks::new(holder, true);
-        let mut credit = Credit { shared, left: 0 };
-        while ids.len() < blocks.len() {
-            let k = ids.len();
-            if k >= piece_end {
-                if changing.is_some() {
-                    // A piece done: readers waiting for the worker may look now.
-                    marks.flush(&mut guard, shared);
-                    drop(changing.take());
-                    parking_lot::MutexGuard::bump(&mut guard);
-                    changing = Some(Changing::new(st));
-                }
-                piece_end = k + PIECE_BLOCKS;
-            }
-            let tree = &mut *guard;
-            if pos as usize >= shared.depth_max {
-                out.depth_exceeded += (blocks.len() - k) as u32;
-                refused = Some(Refusal::Depth);
-                break;
-            }
-            let b = blocks[k];
-            let chain = pchain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash, pos));
-            let old = previous[k];
-            if old != NIL && tree.chain(shared, old) == chain && tree.position(shared, old) == pos {
-                out.duplicate += 1;
-                ids.push(old);
-                (cur, pchain, pos) = (Some(tree.place(old)), Some(chain), pos + 1);
+        let path = Path::new(&guard, shared, parent_id, blocks);
+        let mut touched = Vec::new();
+        let mut released = Delta::default();
+        let mut window = None;
+        for (k, &old) in claims.previous.iter().enumerate() {
+            if old == NIL || claims.superseded[k] {
                 continue;
             }
-            let Some(at) = tree.next(shared, cur, pos, chain) else {
-                // From here on nothing exists: create the rest of the piece in one go.
-                marks.flush(tree, shared);
-                let n = (piece_end - k).min(blocks.len() - k);
-                debug_assert!(n > 0, "a piece always has room");
-                if previous[k..k + n].iter().any(|&old| old != NIL) {
-                    changing.get_or_insert_with(|| Changing::new(st));
-                }
-                held = None;
-                refused = create(
-                    tree,
-                    shared,
-                    st,
-                    holder,
-                    cur.map_or(NIL, |p| p.id),
-                    pos,
-                    chain,
-                    &blocks[k..k + n],
-                    &previous[k..k + n],
-                    &mut ids,
-                    &mut delta,
-                    out,
-                );
-                if refused.is_some() || ids.len() == blocks.len() {
-                    break;
-                }
-                let last = *ids.last().expect("created");
-                (cur, pchain) = (Some(tree.place(last)), Some(tree.chain(shared, last)));
-                pos += n as u32;
-                continue;
-            };
-            let id = at.id;
-            let alias = Held::at(&mut held, tree, shared, holder, at);
-            if !alias && !credit.take((blocks.len() - k) as u64) {
-                out.shed += (blocks.len() - k) as u32;
-                refused = Some(Refusal::Shed);
-                break;
-            }
-            if alias {
-                *st.aliases.entry((tier as u8, id)).or_insert(0) += 1;
-                out.duplicate += 1;
-            } else {
-                marks.add_at(tree, shared, at.run, at.off);
-                delta.added += 1;
-                out.stored += 1;
-            }
-            if old != NIL {
-                // The engine reused the hash for other content: the new block is
-                // held first, which pins it (and its parents) against the trim.
-                marks.flush(tree, shared);
-                changing.get_or_insert_with(|| Changing::new(st));
-                release_block(tree, shared, st, tier, old, &mut delta);
-                held = None;
-            }
-            ids.push(id);
-            (cur, pchain, pos) = (Some(at), Some(chain), pos + 1);
-        }
-        let tree = &mut *guard;
-        marks.flush(tree, shared);
-        if matches!(refused, Some(Refusal::Shed | Refusal::Full)) {
-            // Hashes of refused blocks that named other blocks: the engine
-            // reused them, so the old blocks are gone all the same.
-            for &old in previous[ids.len()..].iter().filter(|&&old| old != NIL) {
-                changing.get_or_insert_with(|| Changing::new(st));
-                release_block(tree, shared, st, tier, old, &mut delta);
+            again[k] = path.names(&guard, shared, k, old);
+            if !again[k] {
+                window.get_or_insert_with(|| Window::open(st, Way::Remove));
+                release(&mut guard, shared, st, tier, old, &mut released, &mut touched);
             }
         }
-        drop(changing);
+        drop(window);
+        released.apply(shared, tier);
+        let how = Placing { path: &path, again: &again, claims: &claims };
+        place(&mut guard, shared, st, tier, &how, &mut ids, &mut touched, out);
+        trim_all(&mut guard, shared, touched);
     }
-
-    // The records, outside the tree lock: each claimed slot gets its block.
-    let records = &mut st.records[tier];
-    for &spot in spots.iter().take(PREFETCH_AHEAD) {
-        records.prefetch_spot(spot);
-    }
-    for (k, &id) in ids.iter().enumerate() {
-        if let Some(&next) = spots.get(k + PREFETCH_AHEAD) {
-            records.prefetch_spot(next);
-        }
-        records.set(blocks[k].engine_hash, spots[k], id);
-    }
-    // Refused blocks: hashes new to the worker go again, and so do hashes
-    // that named other blocks which the store released (shed or full);
-    // the others name their old blocks again.
-    let released = matches!(refused, Some(Refusal::Shed | Refusal::Full));
-    for (k, &old) in previous.iter().enumerate().skip(ids.len()) {
-        if old == NIL || released {
-            records.remove(blocks[k].engine_hash);
-        } else {
-            records.set(blocks[k].engine_hash, spots[k], old);
-        }
-    }
-    delta.apply(shared, tier);
-    (blocks.len(), refused)
+    super::pause::open();
+    settle(st, tier, blocks, &claims, &again, &ids);
 }
 
-/// Creates `blocks` (none of which exists) under `parent` at `pos`, the
-/// first with chain `first`, held by the worker; pushes their ids.
+/// The worker no longer names block `old` by one of its hashes: its bit
+/// goes unless another hash still names the block. The run is trimmed
+/// later (`touched`): the store may still need the block as a parent.
+fn release(
+    tree: &mut Tree,
+    shared: &Shared,
+    st: &mut WorkerState,
+    tier: usize,
+    old: u32,
+    delta: &mut Delta,
+    touched: &mut Vec<u32>,
+) {
+    if release_alias(st, tier, old) {
+        return;
+    }
+    let (group, bit) = split(st.slot);
+    let (run, off) = tree.locate(old);
+    tree.mark(shared, run, Holder { tier, group, bit }, off, off + 1, false);
+    touched.push(run);
+    delta.dropped += 1;
+}
+
+/// What `place` needs to know of each block of a store.
+struct Placing<'a> {
+    path: &'a Path,
+    /// The block is the one its hash named already.
+    again: &'a [bool],
+    claims: &'a Claims,
+}
+
+/// Places a store's blocks in the tree, in windows that only set the
+/// worker's bits, a piece of `PIECE_BLOCKS` blocks each; pushes the id of
+/// each block placed. Blocks that exist already only get the worker's bit;
+/// from the first that does not, the rest of the piece is created in one
+/// go. A superseded block is placed (the blocks after it hang under it)
+/// but not held; its run is trimmed after (`touched`). Refused blocks are
+/// counted.
+#[allow(clippy::too_many_arguments)]
+fn place(
+    guard: &mut MutexGuard<'_, Tree>,
+    shared: &Shared,
+    st: &mut WorkerState,
+    tier: usize,
+    how: &Placing,
+    ids: &mut Vec<u32>,
+    touched: &mut Vec<u32>,
+    out: &mut ApplyOutcome,
+) {
+    let (group, bit) = split(st.slot);
+    let holder = Holder { tier, group, bit };
+    let n = how.path.chains.len();
+    let superseded = &how.claims.superseded;
+    let mut window = Window::open(st, Way::Add);
+    let mut piece_end = PIECE_BLOCKS;
+    let (mut cur, mut pos) = (how.path.parent, how.path.pos);
+    let mut held: Option<Held> = None;
+    let mut marks = Marks::new(holder, true);
+    let mut credit = Credit { shared, left: 0 };
+    let mut delta = Delta::default();
+    let mut refused = None;
+    while ids.len() < n {
+        let k = ids.len();
+        if k >= piece_end && !superseded[k - 1] {
+            // A piece done: a query waiting for the worker may look now,
+            // and other writers may take the tree lock (not while the last
+            // block placed is one the worker does not hold: their trims
+            // could take it).
+            marks.flush(guard, shared);
+            drop(window);
+            MutexGuard::unlocked_fair(guard, super::pause::open);
+            held = None;
+            window = Window::open(st, Way::Add);
+            piece_end = k + PIECE_BLOCKS;
+        }
+        let tree = &mut **guard;
+        if pos as usize >= shared.depth_max {
+            refused = Some(Refusal::Depth);
+            break;
+        }
+        if how.again[k] {
+            out.duplicate += 1;
+            ids.push(how.claims.previous[k]);
+            (cur, pos) = (Some(tree.place(how.claims.previous[k])), pos + 1);
+            continue;
+        }
+        let Some(at) = tree.next(shared, cur, pos, how.path.chains[k]) else {
+            // From here on nothing exists: create the rest of the piece in
+            // one go, a stretch of blocks held (or not) alike at a time.
+            marks.flush(tree, shared);
+            held = None;
+            let hold = !superseded[k];
+            let limit = piece_end.max(k + 1).min(n);
+            let m = superseded[k..limit].iter().position(|&s| s == hold).unwrap_or(limit - k);
+            let who = Holder { bit: if hold { bit } else { 0 }, ..holder };
+            let parent = cur.map_or(NIL, |p| p.id);
+            refused = create(tree, shared, who, parent, pos, &how.path.chains[k..k + m], ids, &mut delta);
+            if hold {
+                out.stored += (ids.len() - k) as u32;
+            } else {
+                out.duplicate += (ids.len() - k) as u32;
+                touched.extend(ids.last().map(|&id| tree.locate(id).0));
+            }
+            if refused.is_some() {
+                break;
+            }
+            cur = ids.last().map(|&id| tree.place(id));
+            pos += m as u32;
+            continue;
+        };
+        if superseded[k] {
+            // Named again later in the event: on the path, not held.
+            out.duplicate += 1;
+        } else if Held::at(&mut held, tree, shared, holder, at) {
+            // Held already under another engine hash: an alias.
+            *st.aliases.entry((tier as u8, at.id)).or_insert(0) += 1;
+            out.duplicate += 1;
+        } else if credit.take((n - k) as u64) {
+            marks.add_at(tree, shared, at.run, at.off);
+            delta.added += 1;
+            out.stored += 1;
+        } else {
+            refused = Some(Refusal::Shed);
+            break;
+        }
+        ids.push(at.id);
+        (cur, pos) = (Some(at), pos + 1);
+    }
+    marks.flush(guard, shared);
+    drop(window);
+    delta.apply(shared, tier);
+    if let Some(why) = refused {
+        why.count(out, n - ids.len());
+    }
+}
+
+/// The records, outside the tree lock: each claimed hash gets the block
+/// its last block in the event landed on. A refused block's hash names its
+/// old block again if that is the block it named (still held), and is
+/// dropped otherwise: new to the worker, or reused for other content,
+/// whose old block went all the same.
+fn settle(st: &mut WorkerState, tier: usize, blocks: &[StoredBlock], claims: &Claims, again: &[bool], ids: &[u32]) {
+    let records = &mut st.records[tier];
+    for &spot in claims.spots.iter().take(PREFETCH_AHEAD) {
+        records.prefetch_spot(spot);
+    }
+    for (k, b) in blocks.iter().enumerate() {
+        if let Some(&next) = claims.spots.get(k + PREFETCH_AHEAD) {
+            records.prefetch_spot(next);
+        }
+        if claims.superseded[k] {
+            continue;
+        }
+        if let Some(&id) = ids.get(k) {
+            records.set(b.engine_hash, claims.spots[k], id);
+        } else if again[k] {
+            records.set(b.engine_hash, claims.spots[k], claims.previous[k]);
+        } else {
+            records.remove(b.engine_hash);
+        }
+    }
+}
+
+/// Creates blocks of `chains` (none of which exists) under `parent` at
+/// `pos`, held by the holder (by nobody if its bit is 0); pushes their ids.
+/// Returns why the rest was refused if not all could be (the caller counts
+/// the refused).
 #[allow(clippy::too_many_arguments)]
 fn create(
     tree: &mut Tree,
     shared: &Shared,
-    st: &mut WorkerState,
     holder: Holder,
     parent: u32,
     pos: u32,
-    first: u64,
-    blocks: &[StoredBlock],
-    previous: &[u32],
+    chains: &[u64],
     ids: &mut Vec<u32>,
     delta: &mut Delta,
-    out: &mut ApplyOutcome,
 ) -> Option<Refusal> {
-    let room = shared.depth_max.saturating_sub(pos as usize).min(blocks.len());
-    out.depth_exceeded += (blocks.len() - room) as u32;
-    let pairs = shared.budget.take_pairs(room as u64);
+    let room = shared.depth_max.saturating_sub(pos as usize).min(chains.len());
+    let held = holder.bit != 0;
+    let pairs = if held { shared.budget.take_pairs(room as u64) } else { room as u64 };
     let entries = shared.budget.take_entries(pairs);
-    shared.budget.release_pairs(pairs - entries);
+    if held {
+        shared.budget.release_pairs(pairs - entries);
+    }
     let n = entries as usize;
-    out.shed += (room - n) as u32;
     let refused = if n < room {
         Some(Refusal::Shed)
-    } else if room < blocks.len() {
+    } else if room < chains.len() {
         Some(Refusal::Depth)
     } else {
         None
@@ -510,41 +593,33 @@ fn create(
     if n == 0 {
         return refused;
     }
-    let mut chains = Vec::with_capacity(n);
-    let mut c = first;
-    for (j, b) in blocks[..n].iter().enumerate() {
-        if j > 0 {
-            c = chain::next(c, b.local_hash, pos + j as u32);
-        }
-        chains.push(c);
-    }
+    let chains = &chains[..n];
     let made = if parent != NIL && tree.is_tail(shared, parent) {
         let (run, _) = tree.locate(parent);
-        tree.append(shared, run, &chains, holder)
+        tree.append(shared, run, chains, holder)
     } else if tree.chain_taken(shared, chains[0]) {
         // A chain collision with a run elsewhere (odds 2^-64): refuse.
         None
     } else {
-        tree.new_run(shared, parent, pos, &chains, holder)
+        tree.new_run(shared, parent, pos, chains, holder)
     };
     let Some(first_id) = made else {
-        shared.budget.release_pairs(entries);
+        if held {
+            shared.budget.release_pairs(entries);
+        }
         shared.budget.release_entries(entries);
-        out.rejected += n as u32;
         return Some(Refusal::Full);
     };
     // The new blocks are consecutive in one run.
     let at = tree.place(first_id);
     tree.push_ids(shared, at.run, at.off, n as u32, ids);
-    delta.added += n as u64;
-    out.stored += n as u32;
-    // Hashes the engine reused for this new content: the old blocks go.
-    for &old in previous[..n].iter().filter(|&&old| old != NIL) {
-        release_block(tree, shared, st, holder.tier, old, delta);
+    if held {
+        delta.added += n as u64;
     }
     refused
 }
 
+/// Applies a Removed event: the worker's bits are only cleared.
 pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes: &[u64], out: &mut ApplyOutcome) {
     let tier = tier as usize;
     let (group, bit) = split(st.slot);
@@ -572,11 +647,11 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
         return;
     }
     let shared = ctx.shared;
+    super::pause::open();
     {
-        // Only taking bits back, a remove shows readers states between the
-        // worker's before and after: it needs no version change.
         let mut guard = ctx.lock();
         let tree = &mut *guard;
+        let window = Window::open(st, Way::Remove);
         let mut marks = Marks::new(Holder { tier, group, bit }, false);
         let mut touched: Vec<u32> = Vec::new();
         for &id in &gone {
@@ -586,6 +661,7 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
             }
         }
         marks.flush(tree, shared);
+        drop(window);
         touched.sort_unstable();
         touched.dedup();
         trim_all(tree, shared, touched);
@@ -596,7 +672,8 @@ pub(crate) fn remove(ctx: &Ctx, st: &mut WorkerState, tier: StorageTier, hashes:
 /// Trims every run in `runs` that is still live, deepest first.
 fn trim_all(tree: &mut Tree, shared: &Shared, runs: impl IntoIterator<Item = u32>) {
     let mut runs: Vec<u32> = runs.into_iter().collect();
-    runs.sort_unstable_by_key(|&r| std::cmp::Reverse(tree.start(shared, r)));
+    runs.sort_unstable_by_key(|&r| (std::cmp::Reverse(tree.start(shared, r)), r));
+    runs.dedup();
     for run in runs {
         if tree.is_live(run) {
             tree.trim(shared, run);
@@ -613,7 +690,7 @@ pub(crate) fn clear(ctx: &Ctx, st: &mut WorkerState) -> u64 {
     let mut dropped = 0;
     let mut tree = ctx.lock();
     let tree = &mut *tree;
-    let _changing = Changing::new(st);
+    let window = Window::open(st, Way::Remove);
     let mut touched: FxHashSet<u32> = FxHashSet::default();
     for (tier, records) in taken.iter().enumerate() {
         let mut places: Vec<(u32, u32)> = records.iter().map(|&(_, id)| tree.locate(id)).collect();
@@ -627,7 +704,7 @@ pub(crate) fn clear(ctx: &Ctx, st: &mut WorkerState) -> u64 {
                 b += 1;
                 i += 1;
             }
-            tree.mark(shared, run, Holder { tier, group, bit }, a, b, false);
+            tree.let_go(shared, run, Holder { tier, group, bit }, a, b);
             touched.insert(run);
             i += 1;
         }
@@ -635,6 +712,7 @@ pub(crate) fn clear(ctx: &Ctx, st: &mut WorkerState) -> u64 {
         shared.tier_pairs[tier].fetch_sub(n, Ordering::Relaxed);
         dropped += n;
     }
+    drop(window);
     shared.pairs.fetch_sub(dropped, Ordering::Relaxed);
     shared.budget.release_pairs(dropped);
     trim_all(tree, shared, touched);

@@ -1,0 +1,472 @@
+//! The reader/writer protocol one step at a time: one thread is stopped at
+//! each pause point in turn (`pause`) while another runs a query or an
+//! event to its end, and the answers are held to the promise: a worker is
+//! never credited with more than it held at one instant while the query
+//! ran, and a worker whose state did not change is answered exactly.
+
+use super::pause::{self, Point};
+use super::*;
+use crate::event::StoredBlock;
+
+const DEV: StorageTier = StorageTier::Device;
+const HOST: StorageTier = StorageTier::HostPinned;
+
+fn w(i: u64) -> WorkerId {
+    WorkerId::new(i, 0)
+}
+
+fn blocks(pairs: &[(u64, u64)]) -> Vec<StoredBlock> {
+    pairs.iter().map(|&(engine_hash, local_hash)| StoredBlock { engine_hash, local_hash }).collect()
+}
+
+fn depths(m: &Matches, worker: WorkerId) -> (u32, u32, u32) {
+    m.workers.iter().find(|x| x.worker == worker).map_or((0, 0, 0), |x| (x.device, x.host, x.disk))
+}
+
+fn dev(m: &Matches, worker: WorkerId) -> u32 {
+    depths(m, worker).0
+}
+
+fn index() -> Arc<Index> {
+    Arc::new(Index::new(IndexConfig { jump: 2, ..IndexConfig::new(4) }))
+}
+
+type Other = Box<dyn FnOnce() + Send>;
+
+/// How far a run of `main` went: the pause points it reached, of any kind
+/// and where it held no lock.
+struct Reached {
+    points: usize,
+    open: usize,
+}
+
+/// Runs `main` on this thread. At its `k`-th pause point (counting every
+/// point for `Point::Locked`, only open ones for `Point::Open`), each
+/// `(k, kind, other)` runs `other` to its end on a thread of its own.
+fn interleave<R>(main: impl FnOnce() -> R, others: Vec<(usize, Point, Other)>) -> (R, Reached) {
+    let state = Arc::new(parking_lot::Mutex::new((0usize, 0usize)));
+    let mut others: Vec<Option<(usize, Point, Other)>> = others.into_iter().map(Some).collect();
+    let seen = state.clone();
+    let hook = move |p: Point| {
+        let (all, open) = {
+            let mut s = seen.lock();
+            let now = *s;
+            s.0 += 1;
+            if p == Point::Open {
+                s.1 += 1;
+            }
+            now
+        };
+        for slot in others.iter_mut() {
+            let due = match slot {
+                Some((k, Point::Locked, _)) => *k == all,
+                Some((k, Point::Open, _)) => p == Point::Open && *k == open,
+                None => false,
+            };
+            if due {
+                let (_, _, f) = slot.take().expect("due");
+                std::thread::spawn(f).join().expect("the other side ran to its end");
+            }
+        }
+    };
+    let r = pause::with_hook(hook, main);
+    let (points, open) = *state.lock();
+    (r, Reached { points, open })
+}
+
+/// A query to run at a pause point; its answer lands in the returned cell.
+fn query(ix: &Arc<Index>, q: &[u64]) -> (Other, Arc<parking_lot::Mutex<Option<Matches>>>) {
+    let out = Arc::new(parking_lot::Mutex::new(None));
+    let (ix, q, o) = (ix.clone(), q.to_vec(), out.clone());
+    (Box::new(move || *o.lock() = Some(ix.find_matches_unlocked(&q))), out)
+}
+
+/// Builds a fresh index with `setup`, then applies `event` with a query of
+/// `q` run at each pause point in turn; `check(point, answer)`.
+fn at_every_point(setup: impl Fn(&Index), event: &Event, q: &[u64], check: impl Fn(usize, &Matches)) -> usize {
+    for k in 0.. {
+        let ix = index();
+        setup(&ix);
+        let (other, answer) = query(&ix, q);
+        let (_, reached) = interleave(|| ix.apply(event), vec![(k, Point::Locked, other)]);
+        if k >= reached.points {
+            return k;
+        }
+        let answer = answer.lock().take().expect("the query ran");
+        check(k, &answer);
+        ix.check_consistency();
+    }
+    unreachable!()
+}
+
+/// Case 1: W holds p0, p1, p2 under h0, h1, h2 and sends a store under h2
+/// that names p3 with h1. W held depth 3 before and 1 after (p0, p2, p3);
+/// no reader may see 4. V, who holds p0..p3 all along, is answered exactly.
+#[test]
+fn a_hash_reused_for_other_content_never_shows_a_depth_never_held() {
+    let p: Vec<u64> = (100..104).collect();
+    let (v, wk) = (w(1), w(2));
+    let setup = |ix: &Index| {
+        ix.apply(&Event::stored(v, DEV, None, blocks(&[(1, p[0]), (2, p[1]), (3, p[2]), (4, p[3])])));
+        ix.apply(&Event::stored(wk, DEV, None, blocks(&[(10, p[0]), (11, p[1]), (12, p[2])])));
+    };
+    let reuse = Event::stored(wk, DEV, Some(12), blocks(&[(11, p[3])]));
+    let points = at_every_point(setup, &reuse, &p, |k, m| {
+        assert_eq!(dev(m, v), 4, "point {k}: V did not change");
+        assert!(dev(m, wk) <= 3, "point {k}: W credited {} blocks, held 3 then 1", dev(m, wk));
+    });
+    assert!(points > 3, "the event has steps to stop at ({points})");
+}
+
+/// Case 2: a query straddles two events of W, each of which only takes bits
+/// back or only sets them: W removes p0 (a hole: depth 0), then stores q2
+/// under p1 (still depth 0 for [p0, p1, q2]). W held 2 at most while the
+/// query ran. The query is stopped at every point of its walk; the two
+/// events land at every pair of points.
+#[test]
+fn a_hole_then_a_deeper_store_never_show_a_depth_never_held() {
+    let (p0, p1, p2, q2) = (200, 201, 202, 302);
+    let (v, x, wk) = (w(1), w(2), w(3));
+    let q = [p0, p1, q2];
+    let mut pairs = 0;
+    for i in 0.. {
+        let mut last = None;
+        for j in i.. {
+            let ix = index();
+            ix.apply(&Event::stored(v, DEV, None, blocks(&[(1, p0), (2, p1), (3, p2)])));
+            ix.apply(&Event::stored(x, DEV, None, blocks(&[(11, p0), (12, p1), (13, q2)])));
+            ix.apply(&Event::stored(wk, DEV, None, blocks(&[(21, p0), (22, p1)])));
+            let (a, b) = (ix.clone(), ix.clone());
+            let hole: Other = Box::new(move || {
+                a.apply(&Event::removed(wk, DEV, vec![21]));
+            });
+            let deeper: Other = Box::new(move || {
+                b.apply(&Event::stored(wk, DEV, Some(22), blocks(&[(23, q2)])));
+            });
+            let (m, reached) =
+                interleave(|| ix.find_matches(&q), vec![(i, Point::Open, hole), (j, Point::Open, deeper)]);
+            if j >= reached.open {
+                last = Some(j);
+                break;
+            }
+            pairs += 1;
+            assert_eq!(dev(&m, x), 3, "points {i}, {j}: X did not change");
+            assert!(dev(&m, wk) <= 2, "points {i}, {j}: W credited {} blocks, held 2 then 0", dev(&m, wk));
+            ix.check_consistency();
+        }
+        if last == Some(i) {
+            break;
+        }
+    }
+    assert!(pairs > 3, "the walk has points to stop at ({pairs} pairs)");
+}
+
+/// Case 4: a store that follows blocks W already holds (new engine hashes
+/// for them: aliases) while another worker appends to the same run. W's
+/// bits past the run's end (left by a tail it let go alone) must never make
+/// a block appended meanwhile count as one W held: every record of W names
+/// a block W's bit is on.
+#[test]
+fn a_store_that_follows_held_blocks_never_takes_an_appended_one_for_held() {
+    const L: u64 = 200;
+    const CUT: u64 = 150;
+    let a = |i: u64| 5_000 + i;
+    let (wk, x) = (w(1), w(2));
+    let setup = |ix: &Index| {
+        // W holds 0..L and L+1..L+3 (a hole at L); letting go of the tail
+        // and then of CUT..L cuts the run to CUT and leaves W's bits past it.
+        let all: Vec<(u64, u64)> = (0..L + 3).map(|i| (i + 1, a(i))).collect();
+        ix.apply(&Event::stored(wk, DEV, None, blocks(&all)));
+        ix.apply(&Event::removed(wk, DEV, vec![L + 1]));
+        ix.apply(&Event::removed(wk, DEV, vec![L + 2, L + 3]));
+        ix.apply(&Event::removed(wk, DEV, (CUT + 1..=L).collect()));
+    };
+    // W: a0 under hash 6 (which named a5: reused), then a1..=CUT under new hashes.
+    let mut again = vec![(6, a(0))];
+    again.extend((1..=CUT).map(|i| (10_000 + i, a(i))));
+    let w_again = Event::stored(wk, DEV, None, blocks(&again));
+    let x_store = Event::stored(x, DEV, None, blocks(&(0..=CUT).map(|i| (20_000 + i, a(i))).collect::<Vec<_>>()));
+    let q: Vec<u64> = (0..=CUT).map(a).collect();
+    let mut k = 0;
+    loop {
+        let ix = index();
+        setup(&ix);
+        let b = ix.clone();
+        let xs = x_store.clone();
+        let other: Other = Box::new(move || {
+            b.apply(&xs);
+        });
+        let (_, reached) = interleave(|| ix.apply(&w_again), vec![(k, Point::Open, other)]);
+        if k >= reached.open {
+            break;
+        }
+        ix.check_consistency();
+        let m = ix.find_matches(&q);
+        assert_eq!((dev(&m, wk), dev(&m, x)), (CUT as u32 + 1, CUT as u32 + 1), "open point {k}");
+        k += 1;
+    }
+    assert!(k >= 3, "the store has open points ({k})");
+}
+
+/// An event naming one hash twice, long enough to be placed in pieces:
+/// the earlier block is on the path but not held. Another worker lets go
+/// of the same run at every point where the store holds no lock; the block
+/// the store stands on is never trimmed from under it.
+#[test]
+fn a_long_store_naming_a_hash_twice_keeps_its_path_while_others_trim() {
+    let a = |i: u64| 9_000 + i;
+    let (wk, x) = (w(1), w(2));
+    let setup = |ix: &Index| {
+        let bl: Vec<(u64, u64)> = (0..130).map(|i| (50_000 + i, a(i))).collect();
+        ix.apply(&Event::stored(x, DEV, None, blocks(&bl)));
+    };
+    // Block 127's hash is named again by block 200.
+    let bl: Vec<(u64, u64)> = (0..300).map(|i| (if i == 200 { 127 } else { i }, a(i))).collect();
+    let w_store = Event::stored(wk, DEV, None, blocks(&bl));
+    let x_gone = Event::removed(x, DEV, (120..130).map(|i| 50_000 + i).collect());
+    let q: Vec<u64> = (0..300).map(a).collect();
+    let mut k = 0;
+    loop {
+        let ix = index();
+        setup(&ix);
+        let (b, e) = (ix.clone(), x_gone.clone());
+        let other: Other = Box::new(move || {
+            b.apply(&e);
+        });
+        let (_, reached) = interleave(|| ix.apply(&w_store), vec![(k, Point::Open, other)]);
+        if k >= reached.open {
+            break;
+        }
+        ix.check_consistency();
+        let m = ix.find_matches(&q);
+        assert_eq!((dev(&m, wk), dev(&m, x)), (127, 120), "open point {k}");
+        k += 1;
+    }
+    assert!(k >= 3, "the store has open points ({k})");
+}
+
+/// Lower tiers: W moves a block from the device to host memory (removes it
+/// from one tier, stores it in the other) while a query runs: the host
+/// depth it is credited is one it held at one instant.
+#[test]
+fn a_block_moving_between_tiers_is_never_counted_twice() {
+    let p: Vec<u64> = (400..404).collect();
+    let wk = w(1);
+    let setup = |ix: &Index| {
+        let all: Vec<(u64, u64)> = p.iter().enumerate().map(|(i, &l)| (i as u64 + 1, l)).collect();
+        ix.apply(&Event::stored(wk, DEV, None, blocks(&all[..2])));
+        ix.apply(&Event::stored(wk, HOST, None, blocks(&all[..1])));
+    };
+    // Before: device p0 p1, host p0: (2, 2, 2). Remove p1 from device: (1, 1, 1).
+    // Then host p1 and p2 under p0: (1, 3, 3). Then device p0 goes: (0, 3, 3).
+    let events = [
+        Event::removed(wk, DEV, vec![2]),
+        Event::stored(wk, HOST, Some(1), blocks(&[(2, p[1]), (3, p[2])])),
+        Event::removed(wk, DEV, vec![1]),
+    ];
+    let max_host = 3;
+    for (n, e) in events.iter().enumerate() {
+        at_every_point(
+            |ix| {
+                setup(ix);
+                for e in &events[..n] {
+                    ix.apply(e);
+                }
+            },
+            e,
+            &p,
+            |k, m| {
+                let (d, h, _) = depths(m, wk);
+                assert!(d <= 2 && h <= max_host, "event {n} point {k}: {:?}", depths(m, wk));
+            },
+        );
+    }
+}
+
+/// Deterministic xorshift, so a failure replays from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One step of a script: an event, or a worker leaving the index.
+#[derive(Clone, Debug)]
+enum Op {
+    Apply(Event),
+    Leave(WorkerId),
+}
+
+impl Op {
+    fn run(&self, ix: &Index) {
+        match self {
+            Op::Apply(e) => {
+                ix.apply(e);
+            }
+            Op::Leave(w) => {
+                ix.remove_worker(*w);
+            }
+        }
+    }
+
+    fn worker(&self) -> WorkerId {
+        match self {
+            Op::Apply(e) => e.worker,
+            Op::Leave(w) => *w,
+        }
+    }
+}
+
+/// A random script over three workers and a three-chunk alphabet (so
+/// chunks collide), every tier, with stores (new hashes, hashes reused for
+/// other content, several blocks), removes anywhere (holes), clears and
+/// workers leaving.
+fn random_script(rng: &mut Rng, len: usize) -> Vec<Op> {
+    let workers = [w(1), w(2), w(3)];
+    let mut used: Vec<Vec<u64>> = vec![Vec::new(); 3];
+    let mut next_hash = 0u64;
+    let mut ops = Vec::new();
+    for _ in 0..len {
+        let k = rng.below(3) as usize;
+        let wk = workers[k];
+        let tier = if rng.below(4) == 0 { StorageTier::ALL[1 + rng.below(3) as usize] } else { DEV };
+        let roll = rng.below(100);
+        let op = if roll < 60 || used[k].is_empty() {
+            let parent = if used[k].is_empty() || rng.below(4) == 0 {
+                None
+            } else {
+                Some(used[k][rng.below(used[k].len() as u64) as usize])
+            };
+            let n = 1 + rng.below(4);
+            let bl: Vec<StoredBlock> = (0..n)
+                .map(|_| {
+                    let engine_hash = if !used[k].is_empty() && rng.below(5) == 0 {
+                        used[k][rng.below(used[k].len() as u64) as usize]
+                    } else {
+                        next_hash += 1;
+                        used[k].push(next_hash);
+                        next_hash
+                    };
+                    StoredBlock { engine_hash, local_hash: 1 + rng.below(3) }
+                })
+                .collect();
+            Op::Apply(Event::stored(wk, tier, parent, bl))
+        } else if roll < 92 {
+            let hashes = (0..1 + rng.below(3)).map(|_| used[k][rng.below(used[k].len() as u64) as usize]).collect();
+            Op::Apply(Event::removed(wk, tier, hashes))
+        } else if roll < 97 {
+            Op::Apply(Event::cleared(wk))
+        } else {
+            Op::Leave(wk)
+        };
+        ops.push(op);
+    }
+    ops
+}
+
+/// Every worker's depths after `ops`, applied one at a time to a new index
+/// (whose sequential answers the model tests hold exact).
+fn oracle(ops: &[Op], q: &[u64]) -> Vec<WorkerMatch> {
+    let ix = index();
+    ops.iter().for_each(|op| op.run(&ix));
+    ix.find_matches(q).workers
+}
+
+fn depth_of(ms: &[WorkerMatch], worker: WorkerId) -> [u32; 3] {
+    ms.iter().find(|m| m.worker == worker).map_or([0; 3], |m| [m.device, m.host, m.disk])
+}
+
+/// Holds `got` to the promise against the states the query overlapped:
+/// per worker and tier at most the largest of them; exact for a worker
+/// the overlapped steps did not touch.
+fn check_bracket(got: &Matches, states: &[Vec<WorkerMatch>], touched: &[WorkerId], what: &str) {
+    for wk in [w(1), w(2), w(3)] {
+        let g = depth_of(&got.workers, wk);
+        let seen: Vec<[u32; 3]> = states.iter().map(|s| depth_of(s, wk)).collect();
+        if touched.contains(&wk) {
+            for t in 0..3 {
+                let most = seen.iter().map(|d| d[t]).max().unwrap_or(0);
+                assert!(g[t] <= most, "{what}: {wk} credited {g:?}, held {seen:?}");
+            }
+        } else {
+            assert_eq!(g, seen[0], "{what}: {wk} did not change");
+        }
+    }
+}
+
+/// Random scripts of every event kind: a query runs at every pause point of
+/// every step (writer stopped), and every step lands at every pause point
+/// of a query's walk (reader stopped), two consecutive steps at every pair
+/// of points.
+#[test]
+fn random_steps_at_every_point_never_over_report() {
+    let seeds: u64 = std::env::var("KV_INDEXER_RACE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
+    let mut checks = 0u64;
+    for seed in 1..=seeds {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let ops = random_script(&mut rng, 30);
+        if std::env::var_os("KV_INDEXER_RACE_TRACE").is_some() {
+            ops.iter().enumerate().for_each(|(i, op)| eprintln!("seed {seed} step {i}: {op:?}"));
+        }
+        for i in 0..ops.len() {
+            let q: Vec<u64> = (0..1 + rng.below(5)).map(|_| 1 + rng.below(3)).collect();
+            let states: Vec<Vec<WorkerMatch>> = (i..=(i + 2).min(ops.len())).map(|n| oracle(&ops[..n], &q)).collect();
+            let touched: Vec<WorkerId> = ops[i..(i + 2).min(ops.len())].iter().map(Op::worker).collect();
+            // The writer stopped at each point of step i.
+            for k in 0.. {
+                let ix = index();
+                ops[..i].iter().for_each(|op| op.run(&ix));
+                let (other, answer) = query(&ix, &q);
+                let (_, reached) = interleave(|| ops[i].run(&ix), vec![(k, Point::Locked, other)]);
+                if k >= reached.points {
+                    break;
+                }
+                let got = answer.lock().take().expect("ran");
+                check_bracket(&got, &states[..2], &touched[..1], &format!("seed {seed} step {i} point {k}"));
+                checks += 1;
+            }
+            // The query stopped at each point (pair of points) of its walk.
+            let two = i + 1 < ops.len();
+            for a in 0.. {
+                let mut last = None;
+                for b in a.. {
+                    let ix = index();
+                    ops[..i].iter().for_each(|op| op.run(&ix));
+                    let mut others: Vec<(usize, Point, Other)> = Vec::new();
+                    let (x, first) = (ix.clone(), ops[i].clone());
+                    others.push((a, Point::Open, Box::new(move || first.run(&x))));
+                    if two {
+                        let (y, second) = (ix.clone(), ops[i + 1].clone());
+                        others.push((b, Point::Open, Box::new(move || second.run(&y))));
+                    }
+                    let (got, reached) = interleave(|| ix.find_matches(&q), others);
+                    if b >= reached.open || !two {
+                        last = Some(b);
+                    }
+                    if a >= reached.open {
+                        break;
+                    }
+                    let n = if two { 3 } else { 2 };
+                    check_bracket(&got, &states[..n], &touched, &format!("seed {seed} step {i} points {a}, {b}"));
+                    checks += 1;
+                    if last.is_some() {
+                        break;
+                    }
+                }
+                if last == Some(a) || last.is_none() {
+                    break;
+                }
+            }
+        }
+    }
+    assert!(checks > 1000, "{checks} interleavings checked");
+}
