@@ -3,175 +3,15 @@
 //! dozens of workers (past one 64-bit group), several dp ranks and every
 //! tier, with every query compared with a naive exact model.
 
-use kv_indexer::hash::chain_hash;
+mod index_support;
+
+use index_support::{random_event, random_query, Model, Rng};
 use kv_indexer::index::{Index, IndexConfig, WorkerMatch};
-use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};
-use std::collections::{BTreeMap, HashMap};
-
-/// Deterministic xorshift so failures replay.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
-
-/// One worker's blocks per tier: engine hash -> (position, chain, local).
-type Tiers = [HashMap<u64, (u32, u64, u64)>; 4];
-
-/// The model: every worker's blocks.
-#[derive(Default)]
-struct Model {
-    workers: BTreeMap<WorkerId, Tiers>,
-}
-
-impl Model {
-    fn holds(&self, w: WorkerId, tier: usize, level: u32, chain: u64) -> bool {
-        self.workers.get(&w).is_some_and(|t| t[tier].values().any(|&(l, c, _)| l == level && c == chain))
-    }
-
-    fn apply(&mut self, e: &Event) {
-        let tier = e.tier as usize;
-        match &e.kind {
-            kv_indexer::EventKind::Stored { parent, blocks } => {
-                let tiers = self.workers.entry(e.worker).or_default();
-                let parent_rec = match parent {
-                    None => None,
-                    Some(h) => {
-                        let order: Vec<usize> = if tier == 0 {
-                            vec![0]
-                        } else {
-                            std::iter::once(tier).chain((0..4).filter(|&t| t != tier)).collect()
-                        };
-                        match order.iter().find_map(|&t| tiers[t].get(h)) {
-                            Some(&r) => Some(r),
-                            None => return,
-                        }
-                    }
-                };
-                let (mut level, mut chain) = match parent_rec {
-                    None => (0u32, None),
-                    Some((l, c, _)) => (l + 1, Some(c)),
-                };
-                for b in blocks {
-                    let c = chain.map_or(b.local_hash, |pc| chain_hash(pc, b.local_hash));
-                    tiers[tier].insert(b.engine_hash, (level, c, b.local_hash));
-                    chain = Some(c);
-                    level += 1;
-                }
-            }
-            kv_indexer::EventKind::Removed { engine_hashes } => {
-                if let Some(t) = self.workers.get_mut(&e.worker) {
-                    for h in engine_hashes {
-                        t[tier].remove(h);
-                    }
-                }
-            }
-            kv_indexer::EventKind::Cleared => {
-                if let Some(t) = self.workers.get_mut(&e.worker) {
-                    *t = Default::default();
-                }
-            }
-        }
-    }
-
-    fn find(&self, locals: &[u64]) -> Vec<WorkerMatch> {
-        let mut seqs = Vec::new();
-        kv_indexer::hash::sequence_hashes_into(locals, &mut seqs);
-        let run = |w: WorkerId, tier: usize, from: u32| {
-            let mut d = from;
-            while (d as usize) < seqs.len() && self.holds(w, tier, d, seqs[d as usize]) {
-                d += 1;
-            }
-            d - from
-        };
-        let mut out = Vec::new();
-        for &w in self.workers.keys() {
-            let device = run(w, 0, 0);
-            let host = device + run(w, 1, device);
-            let disk_end = host + run(w, 2, host);
-            let disk = disk_end + run(w, 3, disk_end);
-            if disk > 0 {
-                out.push(WorkerMatch { worker: w, device, host, disk });
-            }
-        }
-        out
-    }
-
-    fn pairs(&self) -> u64 {
-        let mut n = 0;
-        for tiers in self.workers.values() {
-            for t in tiers {
-                let mut uniq: Vec<(u32, u64)> = t.values().map(|&(l, c, _)| (l, c)).collect();
-                uniq.sort_unstable();
-                uniq.dedup();
-                n += uniq.len() as u64;
-            }
-        }
-        n
-    }
-}
+use kv_indexer::{Event, WorkerId};
 
 fn sorted(mut v: Vec<WorkerMatch>) -> Vec<WorkerMatch> {
     v.sort_by_key(|m| m.worker);
     v
-}
-
-const TIERS: [StorageTier; 4] = StorageTier::ALL;
-
-fn random_event(rng: &mut Rng, model: &Model, workers: &[WorkerId], next_hash: &mut u64) -> Event {
-    let w = workers[rng.below(workers.len() as u64) as usize];
-    // Mostly device, so deep device chains form; lower tiers often enough to matter.
-    let tier = if rng.chance(70) { StorageTier::Device } else { TIERS[1 + rng.below(3) as usize] };
-    let held: Vec<u64> =
-        model.workers.get(&w).map(|t| t.iter().flat_map(|m| m.keys().copied()).collect()).unwrap_or_default();
-    // Engines use one hash for one content: reuse (for other content) only within a tier.
-    let held_here: Vec<u64> =
-        model.workers.get(&w).map(|t| t[tier as usize].keys().copied().collect()).unwrap_or_default();
-    let roll = rng.below(100);
-    if roll < 60 || held.is_empty() {
-        let parent = if held.is_empty() || rng.chance(25) {
-            None
-        } else if rng.chance(4) {
-            Some(1_000_000 + rng.below(1000)) // unknown parent
-        } else {
-            Some(held[rng.below(held.len() as u64) as usize])
-        };
-        let n = 1 + rng.below(6) as usize;
-        let blocks = (0..n)
-            .map(|_| {
-                let engine_hash = if !held_here.is_empty() && rng.chance(8) {
-                    held_here[rng.below(held_here.len() as u64) as usize]
-                } else {
-                    *next_hash += 1;
-                    *next_hash
-                };
-                StoredBlock { engine_hash, local_hash: 1 + rng.below(3) }
-            })
-            .collect();
-        Event::stored(w, tier, parent, blocks)
-    } else if roll < 97 {
-        let mut hashes: Vec<u64> = (0..1 + rng.below(4)).map(|_| held[rng.below(held.len() as u64) as usize]).collect();
-        if rng.chance(20) {
-            hashes.push(2_000_000 + rng.below(100));
-        }
-        Event::removed(w, tier, hashes)
-    } else {
-        Event::cleared(w)
-    }
-}
-
-fn random_query(rng: &mut Rng) -> Vec<u64> {
-    (0..rng.below(14)).map(|_| 1 + rng.below(3)).collect()
 }
 
 fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
@@ -190,7 +30,18 @@ fn run(seed: u64, steps: usize, worker_count: u64, jump: usize) {
             if std::env::var_os("KV_INDEXER_MODEL_TRACE").is_some() {
                 eprintln!("step {step}: {e:?}");
             }
-            ix.apply(&e);
+            let o = ix.apply(&e);
+            let accounted = match &e.kind {
+                kv_indexer::EventKind::Stored { blocks, .. } => {
+                    o.stored + o.duplicate + o.unknown_parent + o.depth_exceeded + o.rejected + o.shed
+                        == blocks.len() as u32
+                }
+                kv_indexer::EventKind::Removed { engine_hashes } => {
+                    o.removed + o.unknown_removed == engine_hashes.len() as u32
+                }
+                kv_indexer::EventKind::Cleared => true,
+            };
+            assert!(accounted, "seed {seed} step {step}: every block in one outcome: {o:?} for {e:?}");
             model.apply(&e);
         }
         for _ in 0..3 {
