@@ -311,6 +311,7 @@ impl Records {
     /// (`CLAIMED` if an earlier block of the same store claimed it); either
     /// way it names `CLAIMED` from now on (a key new to the table is added),
     /// and `set` gives it its id once the store knows its block.
+    #[inline]
     pub(crate) fn claim(&mut self, key: u64, ahead: Homes) -> (Option<u32>, Spot) {
         let homes = (self.len > 0).then(|| self.homes_now(key, ahead));
         if let Some((b, s)) = homes.and_then(|h| self.position_in(key, h)) {
