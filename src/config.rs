@@ -12,6 +12,9 @@ use std::path::PathBuf;
 
 /// Default cap of live (block, worker) pairs over all indexes (see README, "Limits").
 pub const MAX_PAIRS_DEFAULT: u64 = 1 << 27;
+/// Largest `--ingest-coalesce-us` accepted: the range it documented when it
+/// still did something, so old command lines start as before.
+const COALESCE_US_MAX: u64 = 100_000;
 
 /// Everything the daemon runs with.
 #[derive(Clone, Debug)]
@@ -32,8 +35,9 @@ pub struct Config {
     pub workers: Vec<RegisterArgs>,
     pub peers: Vec<String>,
     pub replay_timeout_ms: u64,
-    /// How long a listener thread lets engine messages gather after a wake-up.
-    pub ingest_coalesce_us: u64,
+    /// `--ingest-coalesce-us`, if given: accepted for old command lines and
+    /// ignored (listeners no longer wait between reads).
+    pub ingest_coalesce_us: Option<u64>,
     /// ZMTP heartbeat interval towards engines, ms; 0: none.
     pub heartbeat_ms: i32,
     /// Positions per jump of the index search; 0: the index's default.
@@ -79,7 +83,7 @@ impl Default for Config {
             workers: Vec::new(),
             peers: Vec::new(),
             replay_timeout_ms: 2_000,
-            ingest_coalesce_us: crate::ingest::COALESCE_US_DEFAULT,
+            ingest_coalesce_us: None,
             heartbeat_ms: crate::ingest::HEARTBEAT_MS_DEFAULT,
             jump: 0,
             min_initial_workers: 0,
@@ -132,9 +136,8 @@ OPTIONS:
   --workers LIST           instance[:dp_rank]=zmq_endpoint, comma separated
   --peers LIST             peer indexer URLs to recover state from at startup
   --replay-timeout-ms N    deadline of one gap replay (default 2000)
-  --ingest-coalesce-us N   after reading engine messages, let more gather for N us before
-                           looking again: fewer wake-ups, events applied up to N us later
-                           (default 5000; 0: at once; at most 100000)
+  --ingest-coalesce-us N   ignored (0..=100000 still accepted): listeners no longer wait
+                           between reads; an event is applied as soon as it is read
   --heartbeat-ms N         ZMTP heartbeat towards each engine every N ms; an engine silent
                            for 3 intervals is dropped and reconnected (default 2500; 0: none)
   --body-limit-bytes N     largest request body (default 16777216)
@@ -302,9 +305,7 @@ fn set(
         "--workers" => *workers = Some(value()?),
         "--peers" => cfg.peers = parse_peers(&value()?)?,
         "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(name, &value()?, 1, 600_000)?,
-        "--ingest-coalesce-us" => {
-            cfg.ingest_coalesce_us = parse_num(name, &value()?, 0, crate::ingest::COALESCE_US_MAX)?
-        }
+        "--ingest-coalesce-us" => cfg.ingest_coalesce_us = Some(parse_num(name, &value()?, 0, COALESCE_US_MAX)?),
         "--heartbeat-ms" => cfg.heartbeat_ms = parse_num(name, &value()?, 0, crate::ingest::HEARTBEAT_MS_MAX)?,
         "--body-limit-bytes" => cfg.http.body_limit_bytes = parse_num(name, &value()?, 1024, 1 << 30)?,
         "--jump" => cfg.jump = parse_num(name, &value()?, 1, 4096)?,
@@ -401,6 +402,16 @@ mod tests {
         assert_eq!(run(&["--heartbeat-ms", "5000"]).unwrap().heartbeat_ms, 5_000);
         for bad in ["-1", "600001", "x"] {
             assert!(run(&["--heartbeat-ms", bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_ignored_coalescing_flag_is_still_accepted_in_its_old_range() {
+        assert_eq!(run(&[]).unwrap().ingest_coalesce_us, None);
+        assert_eq!(run(&["--ingest-coalesce-us", "5000"]).unwrap().ingest_coalesce_us, Some(5_000));
+        assert_eq!(run(&["--ingest-coalesce-us", "0"]).unwrap().ingest_coalesce_us, Some(0));
+        for bad in ["-1", "100001", "x"] {
+            assert!(run(&["--ingest-coalesce-us", bad]).is_err(), "{bad}");
         }
     }
 

@@ -60,11 +60,13 @@ pub fn run(cfg: Config) -> Result<(), String> {
         shard_threads: cfg.writer_threads,
         pin_threads: cfg.pin_threads,
         replay_timeout_ms: cfg.replay_timeout_ms,
-        coalesce: std::time::Duration::from_micros(cfg.ingest_coalesce_us),
         heartbeat_ivl_ms: cfg.heartbeat_ms,
         ready_gate_open: !recovering,
         ..IngestConfig::default()
     };
+    if let Some(us) = cfg.ingest_coalesce_us {
+        crate::warn!("--ingest-coalesce-us {us} is ignored: listeners apply each event as soon as they read it");
+    }
     let ingest = Arc::new(Ingest::start(ingest_cfg).map_err(|e| e.to_string())?);
     let budget = Arc::new(crate::index::Budget::new(cfg.max_pairs));
     let predict = crate::predict::PredictLimits::new(cfg.predict_max_blocks, cfg.predict_ttl_ms);

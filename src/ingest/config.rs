@@ -1,7 +1,5 @@
 //! Ingest settings and the fixed limits that bound every queue and buffer.
 
-use std::time::Duration;
-
 /// Most listeners one `Ingest` accepts (one per (instance, dp_rank)).
 /// Each holds up to four ZMQ sockets (SUB, its monitor's two ends, a
 /// replay in flight) and about six descriptors; `zmq_context` sizes the
@@ -33,10 +31,6 @@ pub const CONNECT_LOG_INTERVAL_MS: u64 = 30_000;
 /// Longest `last_error` kept per listener, in bytes.
 pub const LAST_ERROR_LEN_MAX: usize = 512;
 
-/// Default of `IngestConfig::coalesce`, in microseconds.
-pub const COALESCE_US_DEFAULT: u64 = 5_000;
-/// Largest `IngestConfig::coalesce` accepted, in microseconds.
-pub const COALESCE_US_MAX: u64 = 100_000;
 /// Default of `IngestConfig::heartbeat_ivl_ms`.
 pub const HEARTBEAT_MS_DEFAULT: i32 = 2_500;
 /// Largest `IngestConfig::heartbeat_ivl_ms` accepted.
@@ -57,11 +51,6 @@ pub struct IngestConfig {
     /// Longest wait of a listener thread while one of its replays runs (for
     /// its deadline); otherwise it waits until a socket is ready.
     pub poll_timeout_ms: u64,
-    /// After a wake-up that read a socket, how long a listener thread lets
-    /// messages gather before it looks again: fewer wake-ups for ZMQ and
-    /// for us, at the price of applying a message up to this much later.
-    /// Zero: look again at once.
-    pub coalesce: Duration,
     /// Deadline of one replay request, from send to end marker.
     pub replay_timeout_ms: u64,
     /// Most replies taken from one replay (the engine's default buffer holds 10,000).
@@ -96,7 +85,6 @@ impl Default for IngestConfig {
             pin_threads: true,
             shard_queue_batches: 4_096,
             poll_timeout_ms: 10,
-            coalesce: Duration::from_micros(COALESCE_US_DEFAULT),
             replay_timeout_ms: 2_000,
             replay_batches_max: 16_384,
             held_batches_max: 16_384,
@@ -121,8 +109,7 @@ impl IngestConfig {
 
     /// Rejects settings that would make a queue or loop unbounded or useless.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 9] = [
-            (self.coalesce.as_micros() <= u128::from(COALESCE_US_MAX), "coalesce must be at most 100 ms"),
+        let checks: [(bool, &str); 8] = [
             (self.shard_queue_batches > 0, "shard_queue_batches must be at least 1"),
             (self.poll_timeout_ms > 0, "poll_timeout_ms must be at least 1"),
             (self.replay_timeout_ms > 0, "replay_timeout_ms must be at least 1"),

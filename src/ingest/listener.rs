@@ -13,9 +13,10 @@
 //! `poll_timeout_ms`, for its replies and its deadline), and a listener
 //! whose replay runs (or whose ready gate is closed) holds its live batches
 //! in a bounded queue. The only blocking call is the send to a full shard
-//! queue, which is the intended back-pressure. After a wake-up that read
-//! something the thread sleeps `coalesce` before it looks again, so that
-//! one wake-up reads what arrived meanwhile (see `IngestConfig::coalesce`).
+//! queue, which is the intended back-pressure. The thread never waits while
+//! something is readable: what arrived while it worked is read in its next
+//! round at once, so the work itself is the only batching window (see
+//! `outbox.rs` for how batches meet a busy shard).
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -162,8 +163,6 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
     let mut replaying: Vec<u64> = Vec::new();
     let mut ready: Vec<u64> = Vec::new();
     let mut bell_rang = true;
-    // The last round read a socket: wait `coalesce` before the next.
-    let mut busy = false;
     while !t.shutdown.load(Ordering::Relaxed) {
         // What the last round made reaches the shards before any control
         // message is taken (a removed listener's batches come first).
@@ -189,12 +188,6 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             }
         }
         flush(&t, &ls);
-        if std::mem::take(&mut busy) && hot.is_empty() && !t.cfg.coalesce.is_zero() {
-            // Let messages gather in ZMQ's pipes: libzmq signals a socket
-            // only when its reader found the pipe empty, so one wake-up
-            // then reads what a window brought instead of one each.
-            std::thread::sleep(t.cfg.coalesce);
-        }
         ready.clear();
         // A running replay bounds the wait, for its deadline and its replies.
         let timeout = match (hot.is_empty(), replaying.is_empty()) {
@@ -218,7 +211,6 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                 bell_rang = true;
                 continue;
             }
-            busy = true;
             let id = tok >> 2;
             let Some(l) = ls.get_mut(&id) else { continue };
             let more = match tok & 3 {

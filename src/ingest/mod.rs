@@ -104,8 +104,8 @@ mod status;
 mod zmq_context;
 
 pub use config::{
-    IngestConfig, BLOCK_SIZE_MAX, COALESCE_US_DEFAULT, COALESCE_US_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX,
-    HEARTBEAT_MS_DEFAULT, HEARTBEAT_MS_MAX, LISTENERS_MAX,
+    IngestConfig, BLOCK_SIZE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, HEARTBEAT_MS_DEFAULT,
+    HEARTBEAT_MS_MAX, LISTENERS_MAX,
 };
 pub use counters::IngestCounters;
 pub use service::{Ingest, IngestError};

@@ -1,11 +1,16 @@
 //! How a listener thread reaches the shards, in the order it makes its
-//! messages. With shard threads, the messages one wake-up makes for one
-//! shard travel as one queue message (`ShardMsg::Many`), so a shard wakes
-//! once per listener wake-up, not once per batch. With one listener thread
-//! and one shard, the listener thread runs the shard itself and handles
-//! each message at once.
+//! messages. Nothing is held back for a shard that could apply it: with one
+//! listener thread and one shard the listener thread runs the shard itself
+//! and handles each message at once. With shard threads, a message for a
+//! shard asleep on its empty queue is sent at once (one wake-up); messages
+//! for a shard that is busy are gathered and travel as one queue message
+//! (`ShardMsg::Many`) when it is next seen asleep (checked at every send),
+//! when `GATHERED_MAX` wait, or when the listener's round ends, whichever
+//! comes first. So what a busy shard has queued, not a clock, decides how
+//! much is gathered: a busy shard would not have looked sooner, and an idle
+//! one waits at most for the listener to decode one more message.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crossbeam::channel::{Receiver, Sender};
@@ -13,7 +18,7 @@ use crossbeam::channel::{Receiver, Sender};
 use super::shard::{send_blocking, shard_for, Shard, ShardMsg};
 use crate::event::WorkerId;
 
-/// Most messages one wake-up gathers for one shard before sending them.
+/// Most messages a listener gathers for one busy shard before sending them.
 const GATHERED_MAX: usize = 64;
 
 /// A shard queue's length in messages that holds at most `batches` batches.
@@ -26,19 +31,31 @@ pub(crate) enum Outbox {
     /// This thread runs the pipeline's one shard. Its queue carries only
     /// the API's messages, each followed by a ring of the thread's bell.
     Local { shard: Shard, api: Receiver<ShardMsg> },
-    /// Shard threads, with what this wake-up gathered for each.
-    Queues { queues: Vec<Sender<ShardMsg>>, gathered: Vec<Vec<ShardMsg>>, shutdown: Arc<AtomicBool> },
+    /// Shard threads, whether each is asleep on its empty queue (`run_shard`),
+    /// and what this round gathered for each while it was busy.
+    Queues {
+        queues: Vec<Sender<ShardMsg>>,
+        parked: Vec<Arc<AtomicBool>>,
+        gathered: Vec<Vec<ShardMsg>>,
+        shutdown: Arc<AtomicBool>,
+    },
 }
 
 impl Outbox {
-    pub(crate) fn queues(queues: Vec<Sender<ShardMsg>>, shutdown: Arc<AtomicBool>) -> Outbox {
+    pub(crate) fn queues(
+        queues: Vec<Sender<ShardMsg>>,
+        parked: Vec<Arc<AtomicBool>>,
+        shutdown: Arc<AtomicBool>,
+    ) -> Outbox {
+        debug_assert_eq!(queues.len(), parked.len());
         let gathered = queues.iter().map(|_| Vec::new()).collect();
-        Outbox::Queues { queues, gathered, shutdown }
+        Outbox::Queues { queues, parked, gathered, shutdown }
     }
 
     /// Hands `msg` to the shard that owns `worker`: handled now when this
-    /// thread runs it, else gathered until `flush` (or sent, blocking while
-    /// the queue is full, once `GATHERED_MAX` wait). False if the pipeline
+    /// thread runs it; else sent now if that shard is asleep, gathered while
+    /// it is busy (see the module doc). Whatever this thread gathered for a
+    /// shard that has fallen asleep since goes too. False if the pipeline
     /// shut down first.
     pub(crate) fn send(&mut self, worker: WorkerId, msg: ShardMsg) -> bool {
         match self {
@@ -46,16 +63,22 @@ impl Outbox {
                 shard.handle(msg);
                 true
             }
-            Outbox::Queues { queues, gathered, shutdown } => {
-                let i = shard_for(worker, queues.len());
-                gathered[i].push(msg);
-                gathered[i].len() < GATHERED_MAX || send_gathered(&queues[i], &mut gathered[i], shutdown)
+            Outbox::Queues { queues, parked, gathered, shutdown } => {
+                gathered[shard_for(worker, queues.len())].push(msg);
+                let mut sent = true;
+                for ((queue, parked), msgs) in queues.iter().zip(parked.iter()).zip(gathered.iter_mut()) {
+                    let due = msgs.len() >= GATHERED_MAX || (!msgs.is_empty() && parked.load(Ordering::Relaxed));
+                    if due {
+                        sent &= send_gathered(queue, msgs, shutdown);
+                    }
+                }
+                sent
             }
         }
     }
 
-    /// Sends what this wake-up gathered (before the thread sleeps or takes
-    /// a control message); handles the API's messages to a shard it runs.
+    /// Sends what this round gathered (before the thread sleeps or takes a
+    /// control message); handles the API's messages to a shard it runs.
     pub(crate) fn flush(&mut self) {
         match self {
             Outbox::Local { shard, api } => {
@@ -63,7 +86,7 @@ impl Outbox {
                     shard.handle(msg);
                 }
             }
-            Outbox::Queues { queues, gathered, shutdown } => {
+            Outbox::Queues { queues, gathered, shutdown, .. } => {
                 for (queue, msgs) in queues.iter().zip(gathered) {
                     if !msgs.is_empty() {
                         send_gathered(queue, msgs, shutdown);
@@ -87,17 +110,34 @@ mod tests {
     use super::*;
     use crossbeam::channel::bounded;
 
+    fn busy() -> Arc<AtomicBool> {
+        Arc::new(AtomicBool::new(false))
+    }
+
+    /// Two workers, one on each of two shards.
+    fn workers_on_two_shards() -> (WorkerId, WorkerId) {
+        let a = WorkerId::new(1, 0);
+        let b = (2..).map(|i| WorkerId::new(i, 0)).find(|&w| shard_for(w, 2) != shard_for(a, 2)).unwrap();
+        (a, b)
+    }
+
+    /// Which of `marks` a `Sync` message carries.
+    fn mark_of(msg: &ShardMsg, marks: &[Sender<()>]) -> usize {
+        let ShardMsg::Sync(done) = msg else { panic!("expected a Sync") };
+        marks.iter().position(|m| m.same_channel(done)).expect("a known mark")
+    }
+
     #[test]
-    fn a_wake_ups_messages_for_one_shard_travel_together() {
+    fn a_busy_shards_messages_travel_together() {
         let (tx, rx) = bounded(queue_len(4 * GATHERED_MAX));
         assert_eq!(queue_len(4 * GATHERED_MAX), 4);
-        let mut outbox = Outbox::queues(vec![tx], Arc::new(AtomicBool::new(false)));
+        let mut outbox = Outbox::queues(vec![tx], vec![busy()], Arc::new(AtomicBool::new(false)));
         let worker = WorkerId::new(1, 0);
         let (done, acks) = bounded(2 * GATHERED_MAX);
         for _ in 0..3 {
             assert!(outbox.send(worker, ShardMsg::Sync(done.clone())));
         }
-        assert!(rx.is_empty(), "nothing leaves before the flush");
+        assert!(rx.is_empty(), "nothing leaves for a busy shard before the flush");
         outbox.flush();
         let Ok(ShardMsg::Many(msgs)) = rx.try_recv() else { panic!("expected one message of three") };
         assert_eq!(msgs.len(), 3);
@@ -111,5 +151,47 @@ mod tests {
         outbox.flush();
         assert!(rx.is_empty());
         drop(acks);
+    }
+
+    #[test]
+    fn a_shard_asleep_gets_each_message_at_once() {
+        let (tx, rx) = bounded(queue_len(4 * GATHERED_MAX));
+        let parked = Arc::new(AtomicBool::new(true));
+        let mut outbox = Outbox::queues(vec![tx], vec![parked], Arc::new(AtomicBool::new(false)));
+        let marks: Vec<Sender<()>> = (0..3).map(|_| bounded(1).0).collect();
+        for (i, mark) in marks.iter().enumerate() {
+            assert!(outbox.send(WorkerId::new(1, 0), ShardMsg::Sync(mark.clone())));
+            let msg = rx.try_recv().expect("sent without waiting for more or for the round's end");
+            assert_eq!(mark_of(&msg, &marks), i);
+        }
+        outbox.flush();
+        assert!(rx.is_empty());
+    }
+
+    #[test]
+    fn a_shard_that_falls_asleep_gets_what_was_gathered_in_order() {
+        let (a, b) = workers_on_two_shards();
+        let (sa, sb) = (shard_for(a, 2), shard_for(b, 2));
+        let (queues, receivers): (Vec<_>, Vec<_>) = (0..2).map(|_| bounded(queue_len(256))).unzip();
+        let parked = vec![busy(), busy()];
+        let mut outbox = Outbox::queues(queues, parked.clone(), Arc::new(AtomicBool::new(false)));
+        let marks: Vec<Sender<()>> = (0..4).map(|_| bounded(1).0).collect();
+        // Shard b is busy: its two messages wait.
+        outbox.send(b, ShardMsg::Sync(marks[0].clone()));
+        outbox.send(b, ShardMsg::Sync(marks[1].clone()));
+        assert!(receivers[sb].is_empty());
+        // Shard a is asleep: its message goes at once, and b's still wait.
+        parked[sa].store(true, Ordering::Relaxed);
+        outbox.send(a, ShardMsg::Sync(marks[2].clone()));
+        assert_eq!(mark_of(&receivers[sa].try_recv().unwrap(), &marks), 2);
+        assert!(receivers[sb].is_empty());
+        // Shard b falls asleep: the next send to anyone delivers its gathering, in order.
+        parked[sb].store(true, Ordering::Relaxed);
+        outbox.send(a, ShardMsg::Sync(marks[3].clone()));
+        assert_eq!(mark_of(&receivers[sa].try_recv().unwrap(), &marks), 3);
+        let Ok(ShardMsg::Many(msgs)) = receivers[sb].try_recv() else { panic!("expected b's two messages") };
+        assert_eq!(msgs.iter().map(|m| mark_of(m, &marks)).collect::<Vec<_>>(), vec![0, 1]);
+        outbox.flush();
+        assert!(receivers.iter().all(|rx| rx.is_empty()));
     }
 }

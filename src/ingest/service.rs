@@ -176,6 +176,7 @@ impl Ingest {
         let spawn_err = |e: std::io::Error| IngestError::Resource(e.to_string());
         let (shards, receivers): (Vec<_>, Vec<_>) =
             (0..shard_count).map(|_| bounded(queue_len(cfg.shard_queue_batches))).unzip();
+        let parked: Vec<Arc<AtomicBool>> = (0..shard_count).map(|_| Arc::default()).collect();
         // One listener thread and one shard: the listener thread runs the
         // shard itself (on one core, handing each batch to another thread
         // cost a third of ingest CPU), and the API's messages to it ring
@@ -190,9 +191,9 @@ impl Ingest {
                 local = Some(Outbox::Local { shard, api: rx });
                 continue;
             }
-            let shutdown = shutdown.clone();
+            let (shutdown, parked) = (shutdown.clone(), parked[j].clone());
             threads.push(spawn(format!("kvi-shard-{j}"), core_for(listener_count + j), move || {
-                run_shard(rx, shard, shutdown)
+                run_shard(rx, shard, shutdown, parked)
             })?);
         }
         let mut listener_txs = Vec::new();
@@ -203,7 +204,9 @@ impl Ingest {
                 bell: bell.clone(),
                 ctx: ctx.clone(),
                 cfg: cfg.clone(),
-                outbox: RefCell::new(local.take().unwrap_or_else(|| Outbox::queues(shards.clone(), shutdown.clone()))),
+                outbox: RefCell::new(
+                    local.take().unwrap_or_else(|| Outbox::queues(shards.clone(), parked.clone(), shutdown.clone())),
+                ),
                 counters: counters.clone(),
                 frames: RefCell::default(),
                 held_gauge: held_gauge.clone(),

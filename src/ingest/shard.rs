@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam::channel::{Receiver, SendTimeoutError, Sender};
+use crossbeam::channel::{Receiver, SendTimeoutError, Sender, TryRecvError};
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -118,11 +118,23 @@ impl Shard {
 
 /// The shard thread's loop: runs until shutdown or until every sender is
 /// gone. It sleeps in `recv` while its queue is empty (shutdown sends it a
-/// `Wake`), so an idle shard costs nothing.
-pub(crate) fn run_shard(rx: Receiver<ShardMsg>, mut shard: Shard, shutdown: Arc<AtomicBool>) {
+/// `Wake`), so an idle shard costs nothing. `parked` is true while it
+/// sleeps there (set just before, cleared once it has a message): listeners
+/// read it to send an idle shard what they have at once (`Outbox`).
+pub(crate) fn run_shard(rx: Receiver<ShardMsg>, mut shard: Shard, shutdown: Arc<AtomicBool>, parked: Arc<AtomicBool>) {
     while !shutdown.load(Ordering::Relaxed) {
-        let Ok(msg) = rx.recv() else {
-            return;
+        let msg = match rx.try_recv() {
+            Ok(msg) => msg,
+            Err(TryRecvError::Disconnected) => return,
+            Err(TryRecvError::Empty) => {
+                parked.store(true, Ordering::Relaxed);
+                let next = rx.recv();
+                parked.store(false, Ordering::Relaxed);
+                let Ok(msg) = next else {
+                    return;
+                };
+                msg
+            }
         };
         shard.handle(msg);
     }

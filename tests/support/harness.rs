@@ -25,12 +25,17 @@ pub fn test_config() -> IngestConfig {
 
 /// A listener spec subscribing `worker` to `publisher`, feeding `sink`.
 pub fn spec_for(worker: WorkerId, publisher: &TestPublisher, sink: &Arc<ModelSink>) -> ListenerSpec {
+    spec_with(worker, publisher, Arc::clone(sink) as Arc<dyn EventSink>)
+}
+
+/// `spec_for` with any sink.
+pub fn spec_with(worker: WorkerId, publisher: &TestPublisher, sink: Arc<dyn EventSink>) -> ListenerSpec {
     ListenerSpec {
         worker,
         endpoint: publisher.endpoint.clone(),
         replay_endpoint: publisher.replay_endpoint.clone(),
         block_size: 4,
-        sink: Arc::clone(sink) as Arc<dyn EventSink>,
+        sink,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod fake_peer;
 pub mod fault_engine;
 pub mod fault_proxy;
+pub mod gate_sink;
 pub mod harness;
 pub mod http_gen;
 pub mod index_sink;
