@@ -40,6 +40,7 @@
 //! full Mooncake conversation trace).
 
 #[path = "http_query/client.rs"]
+#[allow(dead_code)] // shared with benches/freshness, which uses more of it
 mod client;
 #[path = "http_query/engines.rs"]
 #[allow(dead_code)] // shared with benches/dynamo-service's interop tool, which uses more of it

@@ -137,6 +137,39 @@ pub fn call(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Result<R
     }
 }
 
+/// One keep-alive connection for blocking requests one after another (a
+/// poller that must not pay a TCP handshake per request).
+pub struct KeepAlive {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    chunk: Vec<u8>,
+}
+
+impl KeepAlive {
+    pub fn connect(addr: SocketAddr) -> Result<KeepAlive, String> {
+        let stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+        stream.set_nodelay(true).ok();
+        stream.set_read_timeout(Some(Duration::from_millis(CALL_TIMEOUT_MS))).ok();
+        Ok(KeepAlive { stream, buf: Vec::new(), chunk: vec![0u8; 1 << 16] })
+    }
+
+    /// Sends `request` (full request bytes) and waits for its reply.
+    pub fn call(&mut self, request: &[u8]) -> Result<Reply, String> {
+        self.stream.write_all(request).map_err(|e| format!("write: {e}"))?;
+        loop {
+            if let Framing::Complete { status, body, consumed } = frame(&self.buf)? {
+                self.buf.drain(..consumed);
+                return Ok(Reply { status, body });
+            }
+            let n = self.stream.read(&mut self.chunk).map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                return Err("connection closed before the reply ended".into());
+            }
+            self.buf.extend_from_slice(&self.chunk[..n]);
+        }
+    }
+}
+
 /// A blocking JSON call that must answer `want`; returns the parsed body.
 pub fn call_json(
     addr: SocketAddr,
