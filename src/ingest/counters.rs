@@ -9,6 +9,8 @@ macro_rules! counters {
         #[derive(Debug, Default)]
         pub(crate) struct Counters {
             $(pub(crate) $name: AtomicU64,)*
+            /// How far applied batches lag behind their engine's clock.
+            pub(crate) event_lag: super::lag::EventLag,
         }
 
         /// A snapshot of the ingest counters (totals since start).

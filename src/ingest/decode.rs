@@ -11,6 +11,9 @@ use crate::wire::{self, RawEvent, ReplayReply, REPLAY_END_SEQ};
 #[derive(Debug)]
 pub(crate) struct Batch {
     pub seq: u64,
+    /// The engine's wall-clock time of the batch, Unix seconds (NaN when
+    /// the payload did not decode).
+    pub ts: f64,
     /// The rank named inside the batch; overrides the registered one.
     pub dp_rank: Option<u32>,
     /// `Err`: the payload did not decode (why, for the log).
@@ -93,8 +96,8 @@ pub(crate) fn decode_reply(frames: &Frames) -> Result<Option<Batch>, String> {
 
 fn decode_batch(seq: u64, payload: &[u8]) -> Batch {
     match wire::decode_payload(payload) {
-        Ok(decoded) => Batch { seq, dp_rank: decoded.dp_rank, events: Ok(decoded.events) },
-        Err(e) => Batch { seq, dp_rank: None, events: Err(e.to_string()) },
+        Ok(decoded) => Batch { seq, ts: decoded.timestamp, dp_rank: decoded.dp_rank, events: Ok(decoded.events) },
+        Err(e) => Batch { seq, ts: f64::NAN, dp_rank: None, events: Err(e.to_string()) },
     }
 }
 

@@ -313,6 +313,8 @@ impl Listener {
 
     /// Reads live batches; true if it stopped at the burst cap.
     fn read_live(&mut self, t: &ThreadCtx) -> bool {
+        // One clock read per burst: its batches arrive within microseconds.
+        let mut stamped = false;
         for _ in 0..RECV_BURST_MAX {
             let decoded = {
                 let mut frames = t.frames.borrow_mut();
@@ -325,6 +327,9 @@ impl Listener {
                 Ok(batch) => {
                     t.bump(&t.counters.batches_received, 1);
                     self.shared.batches_received.fetch_add(1, Ordering::Relaxed);
+                    if !std::mem::replace(&mut stamped, true) {
+                        self.shared.note_batch();
+                    }
                     self.note_undecodable(t, &batch);
                     self.on_live(t, batch);
                 }
@@ -531,8 +536,8 @@ impl Listener {
             }
         };
         let worker = WorkerId::new(self.spec.worker.instance_id, rank);
-        let msg =
-            ShardMsg::Batch { worker, block_size: self.spec.block_size, sink: Arc::clone(&self.spec.sink), events };
+        let (block_size, sink, ts) = (self.spec.block_size, Arc::clone(&self.spec.sink), batch.ts);
+        let msg = ShardMsg::Batch { worker, block_size, sink, events, ts };
         if !t.to_shard(worker, msg) {
             return;
         }

@@ -90,6 +90,7 @@ mod config;
 mod connection;
 mod counters;
 mod decode;
+mod lag;
 mod listener;
 mod log;
 pub(crate) use log::LogLimiter;
@@ -108,6 +109,7 @@ pub use config::{
     HEARTBEAT_MS_MAX, LISTENERS_MAX,
 };
 pub use counters::IngestCounters;
+pub use lag::{EventLagCounts, EVENT_LAG_BUCKETS_S};
 pub use service::{Ingest, IngestError};
 pub use sink::EventSink;
 pub use status::{ListenerId, ListenerInfo, ListenerSpec, ListenerStatus};

@@ -20,6 +20,7 @@ use super::config::{
     IngestConfig, BLOCK_SIZE_MAX, CONTROL_QUEUE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, LISTENERS_MAX,
 };
 use super::counters::{Counters, IngestCounters};
+use super::lag::EventLagCounts;
 use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
 use super::outbox::{queue_len, Outbox};
 use super::poller::Doorbell;
@@ -400,6 +401,11 @@ impl Ingest {
         snap
     }
 
+    /// How far applied batches lagged behind their engines' clocks, so far.
+    pub fn event_lag(&self) -> EventLagCounts {
+        self.counters.event_lag.snapshot()
+    }
+
     /// Waits until every shard has handled everything queued to it so far.
     /// Batches still in sockets or held by listeners are not covered.
     pub fn sync_shards(&self) -> Result<(), IngestError> {
@@ -526,7 +532,7 @@ fn check_spec(spec: &ListenerSpec) -> Result<(), IngestError> {
 }
 
 fn info(id: ListenerId, e: &ListenerEntry, gate_open: bool) -> ListenerInfo {
-    let (status, last_error) = e.shared.state(gate_open);
+    let (status, last_error, connected) = e.shared.state(gate_open);
     ListenerInfo {
         id,
         worker: e.spec.worker,
@@ -535,7 +541,9 @@ fn info(id: ListenerId, e: &ListenerEntry, gate_open: bool) -> ListenerInfo {
         block_size: e.spec.block_size,
         status,
         last_error,
+        connected,
         last_seq: e.shared.last_seq(),
         batches_received: e.shared.batches_received.load(Ordering::Relaxed),
+        since_last_batch: e.shared.since_last_batch(),
     }
 }

@@ -22,8 +22,9 @@ use crate::wire::{RawEvent, SkipCounters, WorkerConverter};
 
 /// One unit of work for a shard.
 pub(crate) enum ShardMsg {
-    /// A decoded batch of one worker, in seq order.
-    Batch { worker: WorkerId, block_size: u32, sink: Arc<dyn EventSink>, events: Vec<RawEvent> },
+    /// A decoded batch of one worker, in seq order, with the engine's
+    /// timestamp of it (Unix seconds) for the lag histogram.
+    Batch { worker: WorkerId, block_size: u32, sink: Arc<dyn EventSink>, events: Vec<RawEvent>, ts: f64 },
     /// Drop every block of the worker (publisher restart or resync) and
     /// forget the converter's per-worker state.
     Clear { worker: WorkerId, sink: Arc<dyn EventSink> },
@@ -81,7 +82,7 @@ impl Shard {
     /// Handles one message, in the order its sender sent it.
     pub(crate) fn handle(&mut self, msg: ShardMsg) {
         match msg {
-            ShardMsg::Batch { worker, block_size, sink, events } => {
+            ShardMsg::Batch { worker, block_size, sink, events, ts } => {
                 let converter = self.workers.entry(worker).or_insert_with(|| WorkerConverter::new(block_size));
                 if converter.block_size() != block_size {
                     // Re-registered with another block size: earlier parents
@@ -92,6 +93,7 @@ impl Shard {
                 let retain_held = |tier, hashes: &mut Vec<u64>| sink.retain_held(worker, tier, hashes);
                 converter.convert(worker, &events, &mut self.out, &self.skips, &retain_held);
                 sink.apply_all(&self.out);
+                self.counters.event_lag.observe(ts);
                 self.counters.batches_applied.fetch_add(1, Ordering::Relaxed);
                 self.counters.events_applied.fetch_add(self.out.len() as u64, Ordering::Relaxed);
             }

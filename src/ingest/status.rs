@@ -1,9 +1,11 @@
 //! What the API can see of a listener while its thread runs it: connection
-//! state, last error and watermark, shared through atomics and one small lock.
+//! state, last error, watermark and when its last batch arrived, shared
+//! through atomics and one small lock.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -75,10 +77,15 @@ pub struct ListenerInfo {
     pub block_size: u32,
     pub status: ListenerStatus,
     pub last_error: Option<String>,
+    /// Whether its SUB socket is connected to the engine now.
+    pub connected: bool,
     /// Highest seq dealt with on this listener's stream.
     pub last_seq: Option<u64>,
     /// Batches received on this listener.
     pub batches_received: u64,
+    /// Time since its last live batch arrived (since it was added, before
+    /// the first): how stale its worker's state may be.
+    pub since_last_batch: Duration,
 }
 
 /// Marks "no seq yet" in `last_seq`: the replay end marker, never a live seq.
@@ -95,6 +102,14 @@ pub(crate) struct ListenerShared {
     last_seq: AtomicU64,
     /// Batches received on this listener.
     pub batches_received: AtomicU64,
+    /// `clock_ms()` when the last live batch arrived, or the listener was added.
+    last_batch_ms: AtomicU64,
+}
+
+/// Milliseconds on a monotonic clock that starts with the process.
+fn clock_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 #[derive(Debug, Default)]
@@ -111,11 +126,22 @@ impl ListenerShared {
             conn: Mutex::new(Conn::default()),
             last_seq: AtomicU64::new(last_seq.unwrap_or(NO_SEQ)),
             batches_received: AtomicU64::new(0),
+            last_batch_ms: AtomicU64::new(clock_ms()),
         }
     }
 
-    /// The status and the last error, read together.
-    pub(crate) fn state(&self, gate_open: bool) -> (ListenerStatus, Option<String>) {
+    /// A live batch arrived now.
+    pub(crate) fn note_batch(&self) {
+        self.last_batch_ms.store(clock_ms(), Ordering::Relaxed);
+    }
+
+    /// Time since the last live batch (or since the listener was added).
+    pub(crate) fn since_last_batch(&self) -> Duration {
+        Duration::from_millis(clock_ms().saturating_sub(self.last_batch_ms.load(Ordering::Relaxed)))
+    }
+
+    /// The status, the last error and whether connected, read together.
+    pub(crate) fn state(&self, gate_open: bool) -> (ListenerStatus, Option<String>, bool) {
         let c = self.conn.lock();
         let status = if c.failed {
             ListenerStatus::Failed
@@ -126,7 +152,7 @@ impl ListenerShared {
         } else {
             ListenerStatus::Active
         };
-        (status, c.last_error.clone())
+        (status, c.last_error.clone(), c.connected)
     }
 
     /// A good connection, which ends whatever went wrong before.
