@@ -1,6 +1,7 @@
 //! The registry's, the indexes' and the ingest pipeline's figures, written
 //! into `/metrics` at scrape time. Reads state; keeps none.
 
+use crate::ingest::EVENT_LAG_BUCKETS_S;
 use crate::metrics::Prom;
 use crate::readiness::Readiness;
 use crate::registry::Registry;
@@ -89,6 +90,62 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
         "Batches held by listeners (replay or ready gate).",
         ic.held_batches as f64,
     );
+
+    render_event_lag(p, registry);
+    render_listeners(p, registry);
+}
+
+/// `kv_indexer_event_lag_seconds`: applied batches by how long after their
+/// engine stamped them they were applied.
+fn render_event_lag(p: &mut Prom, registry: &Registry) {
+    let name = "kv_indexer_event_lag_seconds";
+    let lag = registry.ingest().event_lag();
+    p.family(name, "histogram", "Time from an engine's timestamp of a batch to its apply (skew counts as 0).");
+    let mut cumulative = 0;
+    for (bound, n) in EVENT_LAG_BUCKETS_S.iter().zip(&lag.buckets) {
+        cumulative += n;
+        p.sample(&format!("{name}_bucket"), &[("le", &bound.to_string())], cumulative as f64);
+    }
+    p.sample(&format!("{name}_bucket"), &[("le", "+Inf")], lag.count() as f64);
+    p.sample(&format!("{name}_sum"), &[], lag.sum_s);
+    p.sample(&format!("{name}_count"), &[], lag.count() as f64);
+}
+
+/// Per listener: connected or not, its watermark, and the seconds since
+/// its last batch. One series per registration (at most `LISTENERS_MAX`),
+/// labelled as `/workers` lists it.
+fn render_listeners(p: &mut Prom, registry: &Registry) {
+    let infos = registry.listener_infos();
+    let listeners: Vec<_> =
+        registry.registrations().into_iter().filter_map(|r| infos.get(&r.listener).map(|i| (r, i.clone()))).collect();
+    let families = [
+        ("kv_indexer_listener_connected", "1 while the listener's socket is connected to its engine."),
+        ("kv_indexer_listener_last_seq", "Highest engine seq the listener dealt with (absent before the first)."),
+        (
+            "kv_indexer_listener_last_batch_age_seconds",
+            "Seconds since the listener's last batch arrived (since it was added, before the first).",
+        ),
+    ];
+    for (i, (name, help)) in families.into_iter().enumerate() {
+        p.family(name, "gauge", help);
+        for (r, info) in &listeners {
+            let value = match i {
+                0 => Some(info.connected as u8 as f64),
+                1 => info.last_seq.map(|s| s as f64),
+                _ => Some(info.since_last_batch.as_secs_f64()),
+            };
+            let (instance, rank) = (r.worker.instance_id.to_string(), r.worker.dp_rank.to_string());
+            let labels = [
+                ("model", r.model_name.as_str()),
+                ("tenant", &r.tenant_id),
+                ("instance_id", &instance),
+                ("dp_rank", &rank),
+            ];
+            if let Some(v) = value {
+                p.sample(name, &labels, v);
+            }
+        }
+    }
 }
 
 /// Predicted placements (`/routed`): what is due is swept first, so the

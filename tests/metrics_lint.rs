@@ -2,7 +2,8 @@
 //! that applies promtool's rules (always), and by promtool itself when
 //! `scripts/install-test-tools.sh` could unpack it. The scrape covers every
 //! family with samples: requests, errors of both classes, a registered
-//! index with a label value that needs escaping, ingest and process figures.
+//! index with a label value that needs escaping (in the per-listener
+//! families too), ingest and process figures.
 
 mod support;
 
@@ -40,6 +41,9 @@ fn metrics_pass_the_lint_and_carry_build_and_process_figures() {
         "kv_indexer_events_ingested_total ",
         "dynamo_kvindexer_request_duration_seconds_bucket{",
         "kv_indexer_index_pairs{model=\"m\\\"odel\\\\x\",tenant=\"default\"} 0",
+        "kv_indexer_listener_connected{model=\"m\\\"odel\\\\x\",tenant=\"default\",instance_id=\"1\",dp_rank=\"0\"} 0",
+        "kv_indexer_listener_last_batch_age_seconds{model=",
+        "kv_indexer_event_lag_seconds_bucket{le=\"+Inf\"} 0",
     ] {
         assert!(text.contains(family), "{family} missing:\n{text}");
     }

@@ -200,12 +200,20 @@ struct WorkerView {
     listeners: BTreeMap<u32, ListenerView>,
 }
 
+/// A listener as `/workers` shows it: Dynamo's fields, then how stale its
+/// worker's state may be (ours).
 #[derive(Serialize)]
 struct ListenerView {
     endpoint: String,
     status: ListenerStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     last_error: Option<String>,
+    connected: bool,
+    /// Highest engine seq dealt with; null before the first.
+    last_seq: Option<u64>,
+    /// Seconds since its last batch arrived (since it was added, before the first).
+    last_batch_age_s: f64,
+    batches_received: u64,
 }
 
 impl Api {
@@ -276,6 +284,16 @@ impl Api {
             let info = infos.get(&r.listener);
             let status = info.map_or(ListenerStatus::Failed, |i| i.status);
             let last_error = info.and_then(|i| i.last_error.clone());
+            let listener = ListenerView {
+                endpoint: r.endpoint.clone(),
+                status,
+                last_error,
+                connected: info.is_some_and(|i| i.connected),
+                last_seq: info.and_then(|i| i.last_seq),
+                // Milliseconds are what the clock behind it resolves.
+                last_batch_age_s: info.map_or(0.0, |i| i.since_last_batch.as_millis() as f64 / 1e3),
+                batches_received: info.map_or(0, |i| i.batches_received),
+            };
             let key = (r.worker.instance_id, r.model_name.clone(), r.tenant_id.clone());
             let v = views.entry(key).or_insert_with(|| WorkerView {
                 instance_id: r.worker.instance_id,
@@ -290,7 +308,7 @@ impl Api {
             });
             v.status = std::cmp::max_by_key(v.status, status, |&s| precedence(s));
             v.endpoints.entry(r.worker.dp_rank).or_insert_with(|| r.endpoint.clone());
-            v.listeners.entry(r.worker.dp_rank).or_insert(ListenerView { endpoint: r.endpoint, status, last_error });
+            v.listeners.entry(r.worker.dp_rank).or_insert(listener);
         }
         json(s, &views.values().collect::<Vec<_>>())
     }

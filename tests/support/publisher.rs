@@ -136,6 +136,9 @@ pub struct TestPublisher {
     blocks: HashMap<u64, BlockInfo>,
     next_hash: u64,
     rng: Rng,
+    /// The `ts` each batch carries, Unix seconds; `None`: the wall clock
+    /// when the batch is encoded, as an engine stamps it.
+    ts: Option<f64>,
 }
 
 fn bind_xpub(ctx: &zmq::Context, endpoint: &str) -> zmq::Socket {
@@ -199,7 +202,13 @@ impl TestPublisher {
             truth: Tiers::default(),
             blocks: HashMap::new(),
             rng,
+            ts: Some(1_700_000_000.5),
         }
+    }
+
+    /// Sets the `ts` of later batches (`None`: the wall clock at encoding).
+    pub fn set_timestamp(&mut self, ts: Option<f64>) {
+        self.ts = ts;
     }
 
     /// Waits until `n` subscriptions in total reached this publisher since it
@@ -401,7 +410,8 @@ impl TestPublisher {
         use rmp::encode::*;
         let mut buf = Vec::new();
         write_array_len(&mut buf, 3).unwrap();
-        write_f64(&mut buf, 1_700_000_000.5).unwrap();
+        let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        write_f64(&mut buf, self.ts.unwrap_or_else(now)).unwrap();
         write_array_len(&mut buf, events.len() as u32).unwrap();
         for e in events {
             let form = match self.cfg.hash_form {
