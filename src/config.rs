@@ -33,6 +33,8 @@ pub struct Config {
     pub tenant_id: String,
     /// `--workers`, each to register on the index of `model_name`, `tenant_id`, `block_size`.
     pub workers: Vec<RegisterArgs>,
+    /// `/register` bodies, one a line, read at start and on SIGHUP.
+    pub workers_file: Option<PathBuf>,
     pub peers: Vec<String>,
     pub replay_timeout_ms: u64,
     /// `--ingest-coalesce-us`, if given: accepted for old command lines and
@@ -81,6 +83,7 @@ impl Default for Config {
             model_name: "default".into(),
             tenant_id: "default".into(),
             workers: Vec::new(),
+            workers_file: None,
             peers: Vec::new(),
             replay_timeout_ms: 2_000,
             ingest_coalesce_us: None,
@@ -134,6 +137,10 @@ OPTIONS:
   --model-name NAME        model of the --workers index (default \"default\")
   --routing-group NAME     tenant of the --workers index (default \"default\"; alias --tenant-id)
   --workers LIST           instance[:dp_rank]=zmq_endpoint, comma separated
+  --workers-file PATH      one /register JSON body a line (# comments allowed), registered at
+                           start and reconciled on SIGHUP (systemctl reload): new lines are
+                           registered, removed ones unregistered, changed ones registered anew;
+                           a bad file changes nothing (env KV_INDEXER_WORKERS_FILE)
   --peers LIST             peer indexer URLs to recover state from at startup
   --replay-timeout-ms N    deadline of one gap replay (default 2000)
   --ingest-coalesce-us N   ignored (0..=100000 still accepted): listeners no longer wait
@@ -239,6 +246,7 @@ where
         ("KV_INDEXER_LOG", "--log-level"),
         ("KV_INDEXER_LOG_FORMAT", "--log-format"),
         ("KV_INDEXER_ADMIN_TOKEN", "--admin-token"),
+        ("KV_INDEXER_WORKERS_FILE", "--workers-file"),
     ] {
         // A blank variable is unset, but a token is taken as written.
         let set_to = |v: &String| if flag == "--admin-token" { !v.is_empty() } else { !v.trim().is_empty() };
@@ -303,6 +311,7 @@ fn set(
         "--model-name" => cfg.model_name = non_empty(name, value()?)?,
         "--tenant-id" | "--routing-group" => cfg.tenant_id = non_empty(name, value()?)?,
         "--workers" => *workers = Some(value()?),
+        "--workers-file" => cfg.workers_file = Some(path(value()?)?),
         "--peers" => cfg.peers = parse_peers(&value()?)?,
         "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(name, &value()?, 1, 600_000)?,
         "--ingest-coalesce-us" => cfg.ingest_coalesce_us = Some(parse_num(name, &value()?, 0, COALESCE_US_MAX)?),
@@ -445,6 +454,19 @@ mod tests {
             let e = run(args).unwrap_err();
             assert!(!e.contains('\n') && e.starts_with(args[0]), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn workers_file_from_flag_or_env() {
+        assert_eq!(run(&[]).unwrap().workers_file, None);
+        let c = run(&["--workers-file", "/etc/kv-indexer/workers.jsonl"]).unwrap();
+        assert_eq!(c.workers_file, Some(PathBuf::from("/etc/kv-indexer/workers.jsonl")));
+        let env = |k: &str| (k == "KV_INDEXER_WORKERS_FILE").then(|| "/from/env".to_string());
+        let Command::Run(c) = parse(Vec::<std::ffi::OsString>::new(), env).unwrap() else { panic!() };
+        assert_eq!(c.workers_file, Some(PathBuf::from("/from/env")));
+        let Command::Run(c) = parse(["--workers-file".into(), "/from/flag".into()], env).unwrap() else { panic!() };
+        assert_eq!(c.workers_file, Some(PathBuf::from("/from/flag")), "the flag wins");
+        assert!(run(&["--workers-file", " "]).unwrap_err().starts_with("--workers-file"));
     }
 
     #[test]

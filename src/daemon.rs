@@ -1,12 +1,15 @@
-//! Wiring: starts the ingest pipeline, registers `--workers`, serves the
-//! API, recovers from a snapshot and peers, opens the ready gate, tells
-//! systemd, and stops cleanly on SIGTERM or SIGINT.
+//! Wiring: starts the ingest pipeline, registers `--workers` and
+//! `--workers-file`, serves the API, recovers from a snapshot and peers,
+//! opens the ready gate, tells systemd, reopens the access log and rereads
+//! the workers file on SIGHUP, and stops cleanly on SIGTERM or SIGINT.
 //!
 //! Startup order: the snapshot (`--snapshot-dir`) is read and decoded whole;
-//! with a snapshot or peers the ready gate starts closed. The snapshot's
+//! with a snapshot or peers the ready gate starts closed. The workers file
+//! is read (a bad one stops the start). The snapshot's
 //! indexes are rebuilt and its watermarks seeded, then listeners connect
-//! (`--workers`, then the snapshot's registrations; they hold what engines
-//! send), the HTTP API answers (`/health` says why it is not ready yet),
+//! (`--workers` and the workers file's entries, merged with the snapshot as
+//! the command line is, then the snapshot's other registrations; they hold
+//! what engines send), the HTTP API answers (`/health` says why it is not ready yet),
 //! with peers the slow-joiner window passes and a peer's dump is applied
 //! (replacing the snapshot's blocks of the workers it names), the gate
 //! opens and held events drain.
@@ -16,7 +19,9 @@
 //! the router's business, reported by `/health` and systemd's `STATUS=`,
 //! so a slow engine never makes systemd kill a healthy daemon. On stop:
 //! the API closes, a last snapshot is written while ingest still runs, then
-//! ingest stops.
+//! ingest stops. A SIGHUP's reread runs on the main thread, between its
+//! readiness checks, one at a time; SIGHUPs that arrive meanwhile make one
+//! more.
 
 use crate::config::Config;
 use crate::http::routes::Api;
@@ -27,6 +32,8 @@ use crate::readiness::Readiness;
 use crate::recovery;
 use crate::registry::Registry;
 use crate::snapshot::{self, Periodic, SnapshotDir};
+use crate::workers_file::{Entry, WorkersFile};
+use crossbeam::channel::{bounded, never, select, Receiver};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,16 +47,8 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let stop = crate::signals::wait_for_stop(hangup.clone());
     let extender = crate::notify::StartupExtender::start();
     let access_log = crate::http::access_log::AccessLog::open(&cfg.access_log)?.map(Arc::new);
-    if let Some(log) = &access_log {
-        let log = log.clone();
-        let reopen = move || match log.reopen() {
-            Ok(()) => crate::info!("access log reopened on SIGHUP"),
-            Err(e) => crate::warn!("reopening the access log on SIGHUP: {e}"),
-        };
-        if let Ok(mut h) = hangup.lock() {
-            *h = Some(Box::new(reopen));
-        }
-    }
+    let workers_file = cfg.workers_file.clone().map(WorkersFile::new);
+    let reread = on_hangup(&hangup, access_log.clone(), workers_file.is_some());
 
     // Decoded whole before anything starts: a bad file is ignored, never half-applied.
     let snapshot_dir = cfg.snapshot_dir.as_deref().map(SnapshotDir::open).transpose()?.map(Arc::new);
@@ -71,17 +70,29 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let budget = Arc::new(crate::index::Budget::new(cfg.max_pairs));
     let predict = crate::predict::PredictLimits::new(cfg.predict_max_blocks, cfg.predict_ttl_ms);
     let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump, budget).with_predict(predict));
-    let workers = cfg.workers.clone();
+    let file_entries = match &workers_file {
+        Some(f) => read_workers_file(f, &cfg.workers)?,
+        None => Vec::new(),
+    };
+    let mut workers = cfg.workers.clone();
     let restored = saved.is_some();
     match saved {
         Some(s) => {
+            // The file's entries merge with the snapshot as the command line's do.
+            workers.extend(file_entries.iter().map(|e| e.args.clone()));
             snapshot::restore(&registry, snapshot::plan(s, workers))?;
+            for e in &file_entries {
+                registry.adopt_from_file(&e.args);
+            }
         }
         None => {
             for args in workers {
                 registry.register(args).map_err(|e| format!("--workers: {e}"))?;
             }
         }
+    }
+    if let Some(f) = &workers_file {
+        f.apply(&registry, &file_entries, "at start")?;
     }
 
     let readiness =
@@ -140,10 +151,15 @@ pub fn run(cfg: Config) -> Result<(), String> {
             crate::notify::notify(&format!("{ready}STATUS={status}"));
             reported = Some(now);
         }
-        match stop.recv_timeout(Duration::from_millis(100)) {
-            Ok(sig) => break sig,
-            Err(crossbeam::channel::RecvTimeoutError::Timeout) => continue,
-            Err(_) => break 0,
+        select! {
+            recv(stop) -> sig => break sig.unwrap_or(0),
+            recv(reread) -> _ => {
+                if let Some(f) = &workers_file {
+                    // Counted and logged; a failed read changed nothing or is retried by the next.
+                    let _ = f.reload(&registry, "on SIGHUP");
+                }
+            }
+            default(Duration::from_millis(100)) => {}
         }
     };
     crate::info!("stopping on signal {signal}");
@@ -169,6 +185,58 @@ pub fn run(cfg: Config) -> Result<(), String> {
     }
     crate::info!("stopped");
     Ok(())
+}
+
+/// Sets what SIGHUP does: reopen the access log, if any, and (with a
+/// workers file) ask the main loop to reread it through the returned
+/// channel. One pending reread is enough, however many SIGHUPs come.
+fn on_hangup(
+    hangup: &crate::signals::Hangup,
+    access_log: Option<Arc<crate::http::access_log::AccessLog>>,
+    workers_file: bool,
+) -> Receiver<()> {
+    // Without a workers file nothing is ever sent (and the loop must not
+    // see a closed channel, which would be ready at once, every round).
+    let (tx, rx) = if workers_file {
+        let (tx, rx) = bounded(1);
+        (Some(tx), rx)
+    } else {
+        (None, never())
+    };
+    if access_log.is_none() && tx.is_none() {
+        return rx;
+    }
+    let on_signal = move || {
+        if let Some(log) = &access_log {
+            match log.reopen() {
+                Ok(()) => crate::info!("access log reopened on SIGHUP"),
+                Err(e) => crate::warn!("reopening the access log on SIGHUP: {e}"),
+            }
+        }
+        if let Some(tx) = &tx {
+            let _ = tx.try_send(());
+        }
+    };
+    if let Ok(mut h) = hangup.lock() {
+        *h = Some(Box::new(on_signal));
+    }
+    rx
+}
+
+/// Reads the workers file at start: an error stops the start. A key also
+/// in `--workers` is refused: one of the two would own it.
+fn read_workers_file(f: &WorkersFile, workers: &[crate::registry::RegisterArgs]) -> Result<Vec<Entry>, String> {
+    let entries = f.read()?;
+    if let Some(e) = entries.iter().find(|e| workers.iter().any(|w| w.worker() == e.args.worker())) {
+        return Err(format!(
+            "workers file {} line {}: instance {} dp_rank {} is in --workers too; list it in one of them",
+            f.path().display(),
+            e.line,
+            e.args.instance_id,
+            e.args.dp_rank
+        ));
+    }
+    Ok(entries)
 }
 
 /// Raises the soft limit on open files to the hard one. A worker holds

@@ -27,6 +27,7 @@ pub mod snapshot;
 pub mod state_metrics;
 pub mod unix_socket;
 pub mod wire;
+pub mod workers_file;
 
 pub use event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
 

@@ -18,7 +18,7 @@ use crate::predict::{Booked, PredictLimits, Predictions, RoutedError, RoutedRequ
 use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -174,6 +174,31 @@ pub struct Registration {
     pub model_name: String,
     pub tenant_id: String,
     pub listener: ListenerId,
+    pub origin: Origin,
+}
+
+/// Who made a registration: a reload of `--workers-file` changes only
+/// those the file made; `/unregister` may end any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// `/register`, `--workers` or a snapshot.
+    Api,
+    /// `--workers-file`, with the entry as the file gave it (a snapshot
+    /// may have added a replay endpoint to what was registered).
+    File(Box<RegisterArgs>),
+}
+
+/// Reads of `--workers-file` (at start and on SIGHUP), by outcome.
+#[derive(Debug, Default)]
+pub struct FileReloads {
+    /// Every change made.
+    pub applied: AtomicU64,
+    /// Checked and begun, but some registrations failed (each logged).
+    pub partial: AtomicU64,
+    /// Refused (unreadable, a bad line, a conflict): nothing changed.
+    pub refused: AtomicU64,
+    /// The last read was refused or partial.
+    pub last_failed: AtomicBool,
 }
 
 /// A `/register` request, validated for shape.
@@ -233,6 +258,8 @@ pub struct Registry {
     pub budget: Arc<Budget>,
     /// Cap, TTLs and counters of every index's predictions.
     pub predict: Arc<PredictLimits>,
+    /// What became of each read of `--workers-file`.
+    pub file_reloads: FileReloads,
     shed_log: Arc<ShedLog>,
     /// Held while an index may be created.
     creating: Mutex<()>,
@@ -249,6 +276,7 @@ impl Registry {
             counters: Default::default(),
             budget,
             predict: Arc::new(PredictLimits::default()),
+            file_reloads: FileReloads::default(),
             shed_log: Arc::new(ShedLog::new()),
             creating: Mutex::new(()),
         }
@@ -339,6 +367,11 @@ impl Registry {
 
     /// Registers an engine's publisher and starts listening to it.
     pub fn register(&self, args: RegisterArgs) -> Result<(), RegistryError> {
+        self.register_as(args, Origin::Api)
+    }
+
+    /// `register`, recording who asked (see `Origin`).
+    pub fn register_as(&self, args: RegisterArgs, origin: Origin) -> Result<(), RegistryError> {
         crate::endpoint::validate_zmq_endpoint(&args.endpoint).map_err(RegistryError::Invalid)?;
         if let Some(r) = &args.replay_endpoint {
             crate::endpoint::validate_zmq_endpoint(r)
@@ -409,9 +442,22 @@ impl Registry {
                 model_name: args.model_name,
                 tenant_id: args.tenant_id,
                 listener,
+                origin,
             },
         );
         Ok(())
+    }
+
+    /// Marks the registration of `entry`'s key as made by `--workers-file`
+    /// (one a snapshot restored, merged with the file's entry); false if
+    /// that key is not registered.
+    pub fn adopt_from_file(&self, entry: &RegisterArgs) -> bool {
+        let mut registered = self.registrations.lock();
+        let Some(r) = registered.get_mut(&entry.worker()) else {
+            return false;
+        };
+        r.origin = Origin::File(Box::new(entry.clone()));
+        true
     }
 
     /// Unregisters an instance of a model: from every tenant when `tenant_id`

@@ -1,5 +1,7 @@
 //! SIGTERM and SIGINT as a channel message, SIGHUP as a call (the access
-//! log's reopen, for logrotate). The signals are blocked in every thread
+//! log's reopen, for logrotate, and a nudge to reread the workers file;
+//! the call must be quick: it runs on this thread, which meanwhile waits
+//! for no signal). The signals are blocked in every thread
 //! (call `block` before spawning any) and one thread waits for them with
 //! `sigwait`, so no handler runs in an arbitrary thread.
 

@@ -4,7 +4,7 @@
 use crate::ingest::EVENT_LAG_BUCKETS_S;
 use crate::metrics::Prom;
 use crate::readiness::Readiness;
-use crate::registry::Registry;
+use crate::registry::{Origin, Registry};
 use std::sync::atomic::Ordering;
 
 /// Registry, ingest and index figures for `/metrics`.
@@ -93,6 +93,7 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
 
     render_event_lag(p, registry);
     render_listeners(p, registry);
+    render_workers_file(p, registry);
 }
 
 /// `kv_indexer_event_lag_seconds`: applied batches by how long after their
@@ -146,6 +147,23 @@ fn render_listeners(p: &mut Prom, registry: &Registry) {
             }
         }
     }
+}
+
+/// Reads of `--workers-file` and what it registered.
+fn render_workers_file(p: &mut Prom, registry: &Registry) {
+    let f = &registry.file_reloads;
+    let outcomes = [("applied", &f.applied), ("partial", &f.partial), ("refused", &f.refused)]
+        .map(|(o, n)| (o, n.load(Ordering::Relaxed) as f64));
+    let help = "Reads of --workers-file (at start and on SIGHUP), by outcome; refused: nothing changed.";
+    p.labelled("kv_indexer_workers_file_reloads_total", "counter", help, "outcome", outcomes);
+    p.single(
+        "kv_indexer_workers_file_last_reload_successful",
+        "gauge",
+        "0 when the last read of --workers-file was refused or partial, else 1.",
+        !f.last_failed.load(Ordering::Relaxed) as u8 as f64,
+    );
+    let owned = registry.registrations().iter().filter(|r| matches!(r.origin, Origin::File(_))).count();
+    p.single("kv_indexer_workers_file_entries", "gauge", "Registrations made by --workers-file.", owned as f64);
 }
 
 /// Predicted placements (`/routed`): what is due is swept first, so the

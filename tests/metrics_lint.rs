@@ -44,6 +44,7 @@ fn metrics_pass_the_lint_and_carry_build_and_process_figures() {
         "kv_indexer_listener_connected{model=\"m\\\"odel\\\\x\",tenant=\"default\",instance_id=\"1\",dp_rank=\"0\"} 0",
         "kv_indexer_listener_last_batch_age_seconds{model=",
         "kv_indexer_event_lag_seconds_bucket{le=\"+Inf\"} 0",
+        "kv_indexer_workers_file_reloads_total{outcome=\"refused\"} 0",
     ] {
         assert!(text.contains(family), "{family} missing:\n{text}");
     }
