@@ -3,8 +3,9 @@
 //! byte for byte, its whole sandbox (seccomp filter, dynamic user,
 //! read-only system) applied by systemd. The daemon must start (READY=1:
 //! the unit is active, not restarting), answer queries for a real engine's
-//! blocks, serve its Unix socket to the router's group and no one else, log
-//! lines journald files at their priority, and stop cleanly on SIGTERM.
+//! blocks, serve its Unix socket to the router's group and no one else,
+//! reread its workers file on `systemctl reload` (and stay up), log lines
+//! journald files at their priority, and stop cleanly on SIGTERM.
 //!
 //! Needs root, systemd and systemd-nspawn (`scripts/install-test-tools.sh`
 //! unpacks it into target/test-tools/); without them the test says why and
@@ -25,6 +26,8 @@ use support::wait_until;
 const ROUTER_GID: u32 = 4200;
 /// Bound on each container phase; only reached when something is broken.
 const PHASE_MS: u64 = 90_000;
+/// The workers file, where README tells an operator to install it.
+const WORKERS_FILE: &str = "/etc/kv-indexer/workers.jsonl";
 
 /// Runs in the container as root, after the daemon's start job ended.
 const PROBE: &str = r#"#!/bin/sh
@@ -43,6 +46,11 @@ stat -c '%a %G' /run/kv-indexer/api.sock > $R/socket 2>&1
 ask 4201 --groups=4200 > $R/router
 ask 4202 --clear-groups > $R/stranger
 touch $R/ready
+i=0
+while [ ! -e $R/reload ] && [ $i -lt 900 ]; do sleep 0.1; i=$((i + 1)); done
+systemctl reload kv-indexer > $R/reload.out 2>&1
+echo "exit=$?" >> $R/reload.out
+show > $R/reloaded.tmp && mv $R/reloaded.tmp $R/reloaded
 i=0
 while [ ! -e $R/go ] && [ $i -lt 900 ]; do sleep 0.1; i=$((i + 1)); done
 systemctl stop kv-indexer
@@ -116,7 +124,7 @@ fn free_port() -> u16 {
 
 /// The root of the container: the host's /usr, a few files of /etc, the
 /// shipped unit, the router's group and the test's env file and probe.
-fn build_root(s: &Scratch, env_file: &str) -> PathBuf {
+fn build_root(s: &Scratch, env_file: &str, workers_file: &str) -> PathBuf {
     let root = s.dir.join("root");
     for d in ["usr", "etc", "proc", "sys", "dev", "run", "tmp", "var"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
@@ -140,6 +148,7 @@ fn build_root(s: &Scratch, env_file: &str) -> PathBuf {
     // What README tells an operator to add for a co-located router.
     write(&root.join("etc/systemd/system/kv-indexer.service.d/router.conf"), "[Service]\nGroup=kvrouter\n");
     write(&root.join("etc/kv-indexer/kv-indexer.env"), env_file);
+    write(&root.join(WORKERS_FILE.trim_start_matches('/')), workers_file);
     write(&root.join("etc/systemd/system/kvi-probe.service"), PROBE_UNIT);
     write(&root.join("probe.sh"), PROBE);
     std::fs::create_dir_all(s.dir.join("results")).unwrap();
@@ -209,15 +218,20 @@ fn the_shipped_unit_starts_serves_and_stops_under_systemd() {
     let _ = std::fs::remove_dir_all(&s.dir);
     let mut engine = TestPublisher::new(PublisherConfig { block_size: 4, ..PublisherConfig::default() });
     let (port, unreachable) = (free_port(), free_port());
-    // Two workers, one of which never answers, and a gate of three.
+    // Three workers (one of them from the workers file), one of which never
+    // answers, and a gate of four.
     let env_file = format!(
         "KV_INDEXER_ARGS=--host 127.0.0.1 --port {port} --block-size 4 --model-name m \
-         --workers 1={},2=tcp://127.0.0.1:{unreachable} \
+         --workers 1={},2=tcp://127.0.0.1:{unreachable} --workers-file {WORKERS_FILE} \
          --unix-socket /run/kv-indexer/api.sock\n\
-         KV_INDEXER_MIN_INITIAL_WORKERS=3\n",
+         KV_INDEXER_MIN_INITIAL_WORKERS=4\n",
         engine.endpoint
     );
-    let root = build_root(&s, &env_file);
+    let endpoint = engine.endpoint.clone();
+    let file_line = |instance: u64| {
+        json!({"instance_id": instance, "endpoint": endpoint, "model_name": "m", "block_size": 4}).to_string()
+    };
+    let root = build_root(&s, &env_file, &format!("# engines\n{}\n", file_line(4)));
     let mut child = boot(&s, &root);
 
     wait_for(&s, &mut child, "ready");
@@ -226,16 +240,16 @@ fn the_shipped_unit_starts_serves_and_stops_under_systemd() {
     assert_eq!(started["ActiveState"], "active", "{started:?}\n{start_log}");
     assert_eq!(started["SubState"], "running", "{started:?}");
     assert_eq!(started["NRestarts"], "0", "{started:?}");
-    assert_eq!(started["StatusText"], "waiting for workers: 2 of 3 registered", "{started:?}");
+    assert_eq!(started["StatusText"], "waiting for workers: 3 of 4 registered", "{started:?}");
 
     // The worker gate is the router's: /health says why it is not ready.
     let base = format!("http://127.0.0.1:{port}");
     let (status, body) = request("GET", &format!("{base}/health"), None);
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("2 of 3"), "{body}");
+    assert!(body.contains("3 of 4"), "{body}");
 
     // A real engine's blocks are found.
-    assert!(engine.wait_subscribed(1));
+    assert!(engine.wait_subscribed(2), "instance 1 and the file's instance 4");
     let TestEvent::Stored { hashes, .. } = engine.new_store(StorageTier::Device, None, 3) else { unreachable!() };
     let leaf = *hashes.last().unwrap();
     engine.publish(vec![TestEvent::Stored { tier: StorageTier::Device, parent: None, hashes }]);
@@ -254,6 +268,21 @@ fn the_shipped_unit_starts_serves_and_stops_under_systemd() {
     assert_eq!(socket.trim(), "660 kvrouter");
     assert_eq!(std::fs::read_to_string(s.dir.join("results/router")).unwrap(), "200");
     assert_eq!(std::fs::read_to_string(s.dir.join("results/stranger")).unwrap(), "000");
+
+    // `systemctl reload`: the file's instance 4 makes way for 5.
+    let instances = || {
+        let (_, body) = request("GET", &format!("{base}/workers"), None);
+        let workers: Value = serde_json::from_str(&body).unwrap();
+        workers.as_array().unwrap().iter().map(|w| w["instance_id"].as_u64().unwrap()).collect::<Vec<_>>()
+    };
+    assert_eq!(instances(), [1, 2, 3, 4]);
+    write(&root.join(WORKERS_FILE.trim_start_matches('/')), &format!("{}\n", file_line(5)));
+    std::fs::write(s.dir.join("results/reload"), "").unwrap();
+    let reloaded = properties(&wait_for(&s, &mut child, "reloaded"));
+    let said = std::fs::read_to_string(s.dir.join("results/reload.out")).unwrap_or_default();
+    assert!(said.ends_with("exit=0\n"), "systemctl reload: {said}");
+    assert!(wait_until(|| instances() == [1, 2, 3, 5]), "{:?}", instances());
+    assert_eq!((reloaded["ActiveState"].as_str(), reloaded["NRestarts"].as_str()), ("active", "0"), "{reloaded:?}");
 
     std::fs::write(s.dir.join("results/go"), "").unwrap();
     let journal = wait_for(&s, &mut child, "journal.json");
@@ -283,6 +312,7 @@ fn the_shipped_unit_starts_serves_and_stops_under_systemd() {
     assert_eq!(find("listening on"), Some("6"), "{lines:?}");
     assert_eq!(find(&format!("cannot connect to tcp://127.0.0.1:{unreachable}")), Some("4"), "{lines:?}");
     assert_eq!(find("stopped"), Some("6"), "{lines:?}");
+    assert_eq!(find(&format!("workers file {WORKERS_FILE} read on SIGHUP: 1 entries")), Some("6"), "{lines:?}");
     assert_eq!(find("cannot pin"), None, "sched_setaffinity is allowed: {lines:?}");
     assert!(lines.iter().all(|(_, m)| !m.starts_with('<')), "{lines:?}");
 }
