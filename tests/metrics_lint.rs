@@ -13,6 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use support::daemon::Daemon;
 use support::prom_lint::lint;
+use support::wait_until;
 
 fn scrape() -> String {
     let d = Daemon::start(&[]);
@@ -21,8 +22,18 @@ fn scrape() -> String {
     assert_eq!(d.post("/query", r#"{"token_ids":[1,2,3,4],"model_name":"none"}"#).0, 404);
     assert_eq!(d.get("/query").0, 405);
     assert_eq!(d.get("/health").0, 200);
-    let (status, text) = d.get("/metrics");
-    assert_eq!(status, 200);
+    // A request is counted just after its reply is written: wait until the
+    // four above are, so the request families have their samples.
+    let counted =
+        ["/register\",method=\"POST", "/query\",method=\"POST", "/query\",method=\"GET", "/health\",method=\"GET"]
+            .map(|e| format!("dynamo_kvindexer_requests_total{{endpoint=\"{e}\"}} 1"));
+    let mut text = String::new();
+    let all = wait_until(|| {
+        let (status, t) = d.get("/metrics");
+        text = t;
+        status == 200 && counted.iter().all(|c| text.contains(c.as_str()))
+    });
+    assert!(all, "the requests were never all counted:\n{text}");
     text
 }
 
