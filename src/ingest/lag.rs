@@ -4,7 +4,7 @@
 //! buckets (`kv_indexer_event_lag_seconds`).
 //!
 //! The lag covers everything between the engine and the index: the
-//! engine's publisher queue, the network, a listener's coalescing window,
+//! engine's publisher queue, the network, the listener's read and decode,
 //! a replay or a closed ready gate, the shard queue, the apply itself. A
 //! lag below zero is clock skew between the hosts and counts as zero; a
 //! timestamp that is not a finite number is not counted at all.
