@@ -1,4 +1,4 @@
-//! `/dump`: every index's events as Dynamo's RouterEvent JSON, both ways, so
+//! `/dump`: every index's blocks as Dynamo's RouterEvent JSON, both ways, so
 //! a Dynamo replica can recover from our dump and we from theirs.
 //!
 //! Shape (Dynamo 1.6.1 `protocols.rs` serde derives):
@@ -9,10 +9,41 @@
 //!    "event": {"event_id": 0, "data": {"stored": {"parent_hash": 11, "start_position": null,
 //!              "blocks": [{"block_hash": 12, "tokens_hash": 99, "mm_extra_info": null}]}},
 //!              "dp_rank": 1}},
-//!   ... "data": {"removed": {"block_hashes": [..]}} ... "data": "cleared" ...]}}
+//!   {"worker_id": 7, "storage_tier": "host_pinned", "residency_domain": "worker",
+//!    "event": {"event_id": 1, "data": {"stored": {"parent_hash": 5, "start_position": 6,
+//!              "blocks": [{"block_hash": 31, "tokens_hash": 98, "mm_extra_info": null}],
+//!              "kv_indexer_orphan": {"anchor_hash": 12, "missing_tokens_hashes": [41, 42, 43, 44]}}},
+//!              "dp_rank": 1}}, ...]}}
 //! ```
 //!
+//! What a dump means: the blocks each worker holds. Every (worker, tier,
+//! engine hash) the index holds is one block of one `stored` event, and
+//! nothing else is in it: no `removed`, no `cleared`, no block a worker
+//! does not hold. Blocks of one event form a chain (each the parent of the
+//! next); `parent_hash` is the engine hash the worker uses for the first
+//! block's parent, resolved as a receiver resolves it (the block's own
+//! tier first, then, for lower tiers, the others).
+//!
 //! - `block_hash` is the engine's hash, `tokens_hash` the block's local hash.
+//! - An *orphan*, a block whose parent the worker does not hold there (a
+//!   host block that outlived its device parent, a device block after a
+//!   hole), starts an event with `start_position` (its position) and
+//!   `kv_indexer_orphan`, which Dynamo ignores: the local hashes of the
+//!   ancestors the worker does not hold, top down, ending with the
+//!   parent's (`missing_tokens_hashes`), and `anchor_hash`, the block
+//!   above them at position `start_position - 1 - len(missing)`: one the
+//!   worker holds (named by its hash, resolved as a parent is), or, when
+//!   the hash is that of an earlier orphan of the same worker and tier at
+//!   a deeper position, the ancestor of that orphan there (so a missing
+//!   prefix shared by many orphans is listed once); null when the missing
+//!   ancestors start at the root. Its `parent_hash` is the hash the worker
+//!   uses for the parent block in another tier, or else one it uses for no
+//!   block, never null: Dynamo 1.6.1 refuses a device block whose parent
+//!   the worker does not hold (parent not found) and keeps such a
+//!   lower-tier block where no query of that worker reaches it, whereas a
+//!   null parent would put the block at the root. So a Dynamo replica
+//!   recovering from our dump holds a subset of the blocks: never one the
+//!   worker does not hold. We place orphans exactly (`index::load`).
 //! - `model_name` and `tenant_id` are ours (Dynamo ignores unknown fields):
 //!   Dynamo splits the key at the first `:`, which breaks model names that
 //!   contain one. Reading a dump without them, we split the same way.
@@ -21,7 +52,10 @@
 //! - On input, as Dynamo: `storage_tier` defaults to device, `dp_rank` to 0,
 //!   `parent_hash`, `start_position` and `mm_extra_info` may be absent or
 //!   null, a cleared event may also be `{"cleared": null}`, unknown fields
-//!   are ignored. Hashes may also be negative (two's complement).
+//!   are ignored. Hashes may also be negative (two's complement). `removed`
+//!   and `cleared` events (older dumps of ours, other peers) are applied in
+//!   their place. `start_position` is read only with `kv_indexer_orphan`,
+//!   which needs it; positions that do not add up refuse the dump.
 //! - `residency_domain` is always `"worker"` on output (Dynamo 1.6.1
 //!   writes it too). On input a missing one means `"worker"`, as in Dynamo;
 //!   any other value (`"cache_owner"`, an unknown name, `null`, a number)
@@ -33,12 +67,19 @@
 //!   that carry an `"error"` instead of events (Dynamo writes those when
 //!   one index fails to dump).
 //!
+//! Which levels tolerate our extra fields: Dynamo's `RouterEvent`,
+//! `KvCacheEvent`, `KvCacheStoreData` (where `kv_indexer_orphan` goes),
+//! `KvCacheStoredBlockData` and its recovery's dump entry are plain serde
+//! derives without `deny_unknown_fields`; `data` is an externally tagged
+//! enum, an object with exactly one key, so nothing may be added there.
+//!
 //! Writing is hand-rolled (a dump can hold millions of blocks); reading goes
 //! through serde, whose recursion limit bounds nesting; the body itself is
 //! bounded by `DUMP_BYTES_MAX`.
 
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
 use crate::hash::JsonHash;
+use crate::index::{DumpEvent, Orphan};
 use crate::json::out::{push_str, push_u64};
 use crate::json::BodyError;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -56,17 +97,17 @@ pub struct DumpEntry {
     pub model_name: String,
     pub tenant_id: String,
     pub block_size: u32,
-    /// Events that rebuild the index when applied in order to an empty one.
-    pub events: Vec<Event>,
+    /// The blocks each worker holds, as stored chains (a peer's dump may
+    /// also remove and clear); `Index::load_dump` applies them.
+    pub events: Vec<DumpEvent>,
 }
 
 impl DumpEntry {
-    /// (block, worker) pairs the events leave (a dump removes the stand-in
-    /// ancestors it stored).
+    /// (block, worker) pairs the events leave.
     pub fn pairs(&self) -> u64 {
         let (mut stored, mut removed) = (0u64, 0u64);
         for e in &self.events {
-            match &e.kind {
+            match &e.event.kind {
                 EventKind::Stored { blocks, .. } => stored += blocks.len() as u64,
                 EventKind::Removed { engine_hashes } => removed += engine_hashes.len() as u64,
                 EventKind::Cleared => {}
@@ -115,7 +156,8 @@ pub fn write_dump(out: &mut Vec<u8>, entries: &[DumpEntry]) {
     out.push(b'}');
 }
 
-fn write_event(out: &mut Vec<u8>, event: &Event, event_id: u64) {
+fn write_event(out: &mut Vec<u8>, dumped: &DumpEvent, event_id: u64) {
+    let event = &dumped.event;
     out.extend_from_slice(b"{\"worker_id\":");
     push_u64(out, event.worker.instance_id);
     out.extend_from_slice(b",\"storage_tier\":\"");
@@ -130,7 +172,12 @@ fn write_event(out: &mut Vec<u8>, event: &Event, event_id: u64) {
                 Some(p) => push_u64(out, *p),
                 None => out.extend_from_slice(b"null"),
             }
-            out.extend_from_slice(b",\"start_position\":null,\"blocks\":[");
+            out.extend_from_slice(b",\"start_position\":");
+            match &dumped.orphan {
+                Some(o) => push_u64(out, u64::from(o.position)),
+                None => out.extend_from_slice(b"null"),
+            }
+            out.extend_from_slice(b",\"blocks\":[");
             for (i, b) in blocks.iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
@@ -141,7 +188,23 @@ fn write_event(out: &mut Vec<u8>, event: &Event, event_id: u64) {
                 push_u64(out, b.local_hash);
                 out.extend_from_slice(b",\"mm_extra_info\":null}");
             }
-            out.extend_from_slice(b"]}}");
+            out.push(b']');
+            if let Some(o) = &dumped.orphan {
+                out.extend_from_slice(b",\"kv_indexer_orphan\":{\"anchor_hash\":");
+                match o.anchor {
+                    Some(h) => push_u64(out, h),
+                    None => out.extend_from_slice(b"null"),
+                }
+                out.extend_from_slice(b",\"missing_tokens_hashes\":[");
+                for (i, l) in o.missing.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    push_u64(out, *l);
+                }
+                out.extend_from_slice(b"]}");
+            }
+            out.extend_from_slice(b"}}");
         }
         EventKind::Removed { engine_hashes } => {
             out.extend_from_slice(b"{\"removed\":{\"block_hashes\":[");
@@ -251,7 +314,7 @@ struct WireEntry {
 
 /// An entry's events, converted as they are read, with the count skipped.
 struct Events {
-    events: Vec<Event>,
+    events: Vec<DumpEvent>,
     skipped: u64,
     unsupported_residency: [u64; 3],
 }
@@ -274,6 +337,7 @@ impl<'de> Deserialize<'de> for Events {
                             out.skipped += 1;
                             out.unsupported_residency[kind] += 1;
                         }
+                        Err(Skip::Invalid(why)) => return Err(de::Error::custom(why)),
                     }
                 }
                 Ok(out)
@@ -300,10 +364,12 @@ enum Skip {
     Tier,
     /// An unsupported residency domain; the event's type (stored, removed, cleared).
     Residency(usize),
+    /// Not an event at all: the whole dump is refused.
+    Invalid(String),
 }
 
 impl WireEvent {
-    fn into_event(self) -> Result<Event, Skip> {
+    fn into_event(self) -> Result<DumpEvent, Skip> {
         if self.foreign_domain {
             let kind = match self.event.data {
                 WireData::Stored(_) => 0,
@@ -316,21 +382,42 @@ impl WireEvent {
             return Err(Skip::Tier);
         };
         let worker = WorkerId::new(self.worker_id, self.event.dp_rank);
+        let mut orphan = None;
         let kind = match self.event.data {
-            WireData::Stored(s) => EventKind::Stored {
-                parent: s.parent_hash.map(|h| h.0),
-                blocks: s
-                    .blocks
-                    .into_iter()
-                    .map(|b| StoredBlock { engine_hash: b.block_hash.0, local_hash: b.tokens_hash.0 })
-                    .collect(),
-            },
+            WireData::Stored(s) => {
+                if let Some(o) = s.kv_indexer_orphan {
+                    let Some(position) = s.start_position else {
+                        return Err(Skip::Invalid("a kv_indexer_orphan without its start_position".into()));
+                    };
+                    let o = Orphan {
+                        position,
+                        anchor: o.anchor_hash.map(|h| h.0),
+                        missing: o.missing_tokens_hashes.into_iter().map(|h| h.0).collect(),
+                    };
+                    if !o.is_consistent() {
+                        return Err(Skip::Invalid(format!(
+                            "a kv_indexer_orphan at start_position {position} with {} missing ancestors {} an anchor",
+                            o.missing.len(),
+                            if o.anchor.is_some() { "and" } else { "but no" }
+                        )));
+                    }
+                    orphan = Some(o);
+                }
+                EventKind::Stored {
+                    parent: s.parent_hash.map(|h| h.0),
+                    blocks: s
+                        .blocks
+                        .into_iter()
+                        .map(|b| StoredBlock { engine_hash: b.block_hash.0, local_hash: b.tokens_hash.0 })
+                        .collect(),
+                }
+            }
             WireData::Removed(r) => {
                 EventKind::Removed { engine_hashes: r.block_hashes.into_iter().map(|h| h.0).collect() }
             }
             WireData::Cleared => EventKind::Cleared,
         };
-        Ok(Event { worker, tier, kind })
+        Ok(DumpEvent { event: Event { worker, tier, kind }, orphan })
     }
 }
 
@@ -355,9 +442,17 @@ enum WireData {
 struct WireStore {
     #[serde(default)]
     parent_hash: Option<JsonHash>,
-    #[serde(default, rename = "start_position")]
-    _start_position: Option<u32>,
+    #[serde(default)]
+    start_position: Option<u32>,
     blocks: Vec<WireBlock>,
+    #[serde(default)]
+    kv_indexer_orphan: Option<WireOrphan>,
+}
+
+#[derive(Deserialize)]
+struct WireOrphan {
+    anchor_hash: Option<JsonHash>,
+    missing_tokens_hashes: Vec<JsonHash>,
 }
 
 #[derive(Deserialize)]
@@ -422,14 +517,22 @@ mod tests {
             tenant_id: "t".into(),
             block_size: 16,
             events: vec![
-                Event::stored(w(7, 1), StorageTier::Device, Some(11), blocks(&[(12, 99)])),
-                Event::stored(w(7, 0), StorageTier::HostPinned, None, blocks(&[(u64::MAX, 1), (2, 3)])),
-                Event::removed(w(8, 0), StorageTier::Disk, vec![5, 6]),
-                Event::cleared(w(9, 2)),
+                Event::stored(w(7, 1), StorageTier::Device, Some(11), blocks(&[(12, 99)])).into(),
+                Event::stored(w(7, 0), StorageTier::HostPinned, None, blocks(&[(u64::MAX, 1), (2, 3)])).into(),
+                Event::removed(w(8, 0), StorageTier::Disk, vec![5, 6]).into(),
+                Event::cleared(w(9, 2)).into(),
+                DumpEvent {
+                    event: Event::stored(w(7, 1), StorageTier::Disk, Some(77), blocks(&[(13, 98)])),
+                    orphan: Some(Orphan { position: 4, anchor: Some(12), missing: vec![41, 42] }),
+                },
+                DumpEvent {
+                    event: Event::stored(w(7, 1), StorageTier::Device, Some(78), blocks(&[(14, 97)])),
+                    orphan: Some(Orphan { position: 2, anchor: None, missing: vec![43, 44] }),
+                },
             ],
         };
         let mut out = Vec::new();
-        write_dump(&mut out, &[entry]);
+        write_dump(&mut out, std::slice::from_ref(&entry));
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             v,
@@ -443,9 +546,50 @@ mod tests {
                                {"block_hash": 2, "tokens_hash": 3, "mm_extra_info": null}]}}, "dp_rank": 0}},
                 {"worker_id": 8, "storage_tier": "disk", "residency_domain": "worker", "event": {"event_id": 2, "data": {"removed": {
                     "block_hashes": [5, 6]}}, "dp_rank": 0}},
-                {"worker_id": 9, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 3, "data": "cleared", "dp_rank": 2}}
+                {"worker_id": 9, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 3, "data": "cleared", "dp_rank": 2}},
+                {"worker_id": 7, "storage_tier": "disk", "residency_domain": "worker", "event": {"event_id": 4, "data": {"stored": {
+                    "parent_hash": 77, "start_position": 4,
+                    "blocks": [{"block_hash": 13, "tokens_hash": 98, "mm_extra_info": null}],
+                    "kv_indexer_orphan": {"anchor_hash": 12, "missing_tokens_hashes": [41, 42]}}}, "dp_rank": 1}},
+                {"worker_id": 7, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 5, "data": {"stored": {
+                    "parent_hash": 78, "start_position": 2,
+                    "blocks": [{"block_hash": 14, "tokens_hash": 97, "mm_extra_info": null}],
+                    "kv_indexer_orphan": {"anchor_hash": null, "missing_tokens_hashes": [43, 44]}}}, "dp_rank": 1}}
             ]}})
         );
+        let back = parse_dump(&out).unwrap();
+        assert_eq!(back, vec![entry], "read back as written");
+    }
+
+    #[test]
+    fn orphans_whose_positions_do_not_add_up_refuse_the_dump() {
+        let event = |start: &str, orphan: &str| {
+            format!(
+                r#"{{"m:t": {{"block_size": 4, "events": [{{"worker_id": 1, "event": {{"event_id": 0, "data": {{"stored": {{
+                "parent_hash": 9, "start_position": {start}, "blocks": [{{"block_hash": 1, "tokens_hash": 2}}],
+                "kv_indexer_orphan": {orphan}}}}}}}}}]}}}}"#
+            )
+        };
+        let ok = [
+            ("3", r#"{"anchor_hash": 5, "missing_tokens_hashes": [1, 2]}"#),
+            ("2", r#"{"missing_tokens_hashes": [1, 2]}"#),
+        ];
+        for (start, orphan) in ok {
+            let d = parse_dump(event(start, orphan).as_bytes()).unwrap();
+            assert!(d[0].events[0].orphan.is_some(), "{start} {orphan}");
+        }
+        let bad = [
+            ("null", r#"{"anchor_hash": 5, "missing_tokens_hashes": [1]}"#),
+            ("2", r#"{"anchor_hash": 5, "missing_tokens_hashes": [1, 2]}"#),
+            ("3", r#"{"anchor_hash": null, "missing_tokens_hashes": [1, 2]}"#),
+            ("0", r#"{"anchor_hash": null, "missing_tokens_hashes": []}"#),
+            ("1", r#"{"anchor_hash": 5}"#),
+            ("1", r#"{"anchor_hash": "x", "missing_tokens_hashes": []}"#),
+        ];
+        for (start, orphan) in bad {
+            let err = parse_dump(event(start, orphan).as_bytes()).expect_err(orphan);
+            assert_eq!(err.status(), 422, "{start} {orphan}: {err}");
+        }
     }
 
     #[test]
@@ -473,8 +617,8 @@ mod tests {
                 tenant_id: "b:c".into(),
                 block_size: 4,
                 events: vec![
-                    Event::stored(w(1, 0), StorageTier::Device, None, blocks(&[(u64::MAX, 5)])),
-                    Event::cleared(w(2, 3)),
+                    Event::stored(w(1, 0), StorageTier::Device, None, blocks(&[(u64::MAX, 5)])).into(),
+                    Event::cleared(w(2, 3)).into(),
                 ],
             }]
         );

@@ -52,7 +52,7 @@ fn an_untrustworthy_file_is_reported_and_ignored_never_half_loaded() {
         ("corrupt", flipped, "body checksum mismatch"),
         ("foreign", b"{\"some\": \"json\"}\n".to_vec(), "not a kv-indexer snapshot"),
         ("future", future, "written by a newer kv-indexer"),
-        ("old", old, "written by an older kv-indexer in format 1"),
+        ("old", old, "written by an older kv-indexer in format 2"),
         ("half", half, "malformed body"),
     ];
     for (name, bytes, phrase) in cases {

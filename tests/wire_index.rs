@@ -81,7 +81,7 @@ fn engine_blocks_larger_than_the_index_blocks_are_split_and_removed_whole() {
         let held: Vec<u64> = index
             .dump_events()
             .iter()
-            .filter_map(|e| match &e.kind {
+            .filter_map(|e| match &e.event.kind {
                 EventKind::Stored { blocks, .. } => Some(blocks.iter().map(|b| b.engine_hash)),
                 _ => None,
             })

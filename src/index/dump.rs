@@ -1,25 +1,95 @@
-//! Turning an index back into events that rebuild it exactly.
+//! Turning an index into what a dump says: every block each worker holds.
 //!
 //! For each worker, every block it holds, in every tier and under every
-//! engine hash it uses, is emitted as a Stored event, parents before
-//! children, chained into one event where a block's parent is the block
-//! emitted just before it. A receiver resolves a parent hash in the block's
-//! own tier first (then, for lower tiers, in the others), so the parent hash
-//! chosen is one that resolves to the right block that way.
+//! engine hash it uses, is one block of one Stored event, and nothing else
+//! is: no Removed, no Cleared, no block the worker does not hold. Blocks
+//! come parents first, chained into one event where a block's parent is
+//! the block emitted just before it. A receiver resolves a parent hash in
+//! the block's own tier first (then, for lower tiers, in the others), so
+//! the parent hash written is one that resolves to the right block that way.
 //!
-//! A block whose parent the worker no longer holds (a host block that
-//! outlived its parent, a device block after a hole) still needs its parent
-//! to exist on the receiver: the missing ancestors are emitted too, under
-//! hashes the worker does not use, and removed again by one Removed event
-//! per tier at the end of the worker's events. Applying the whole dump thus
-//! leaves the receiver with exactly the source's blocks and holes.
+//! An *orphan* is a block whose parent the worker does not hold where a
+//! receiver would look (a host block that outlived its device parent, a
+//! device block after a hole). It starts an event of its own, whose
+//! `Orphan` says where it hangs: its position, the nearest ancestor the
+//! dump names for this worker and tier (`anchor`; none: the root), and the
+//! local hashes of the ancestors between, which the worker does not hold.
+//! An ancestor that an earlier orphan of the same worker and tier already
+//! lists is named through that orphan (its engine hash and the ancestor's
+//! position), so what a dump carries for orphans is bounded by the blocks
+//! the index holds, however many orphans share a missing prefix.
+//!
+//! The parent hash of an orphan is the engine hash the worker uses for its
+//! parent block in some tier, when it has one; otherwise a hash the worker
+//! uses for no block. Either way a receiver that knows nothing of `Orphan`
+//! (Dynamo) cannot resolve it, so it never places the block anywhere the
+//! worker does not hold it: Dynamo 1.6.1 refuses such a device block
+//! (parent not found) and keeps such a lower-tier block where no query of
+//! this worker reaches. A null parent would put it at the root.
 
 use super::blocks::NIL;
 use super::chain;
 use super::tree::{Shared, Tree};
 use super::workers::WorkerState;
-use crate::event::{Event, EventKind, StorageTier, StoredBlock};
+use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
 use rustc_hash::{FxHashMap, FxHashSet};
+
+/// One event of a dump: an event that stores held blocks (or, read from a
+/// peer's dump, any event), and where its first block hangs when the
+/// worker does not hold that block's parent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpEvent {
+    pub event: Event,
+    pub orphan: Option<Orphan>,
+}
+
+impl DumpEvent {
+    /// An event with no orphan.
+    pub fn plain(event: Event) -> Self {
+        DumpEvent { event, orphan: None }
+    }
+}
+
+impl From<Event> for DumpEvent {
+    fn from(event: Event) -> Self {
+        DumpEvent::plain(event)
+    }
+}
+
+/// Where a stored chain's first block hangs when its worker does not hold
+/// the block's parent: under the ancestors `missing` (local hashes, the
+/// last one the parent), which the worker does not hold, under `anchor`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Orphan {
+    /// Position of the first block (at least 1).
+    pub position: u32,
+    /// The engine hash, for this worker, of the nearest ancestor the dump
+    /// names, at position `position - 1 - missing.len()`: a block the
+    /// worker holds (resolved as a parent hash is), or, when the hash is
+    /// that of an earlier orphan of the same worker and tier at a deeper
+    /// position, the ancestor of that orphan there, which it lists among
+    /// its own `missing`. None: `missing` starts at the root.
+    pub anchor: Option<u64>,
+    /// Local hashes of the missing ancestors, top down.
+    pub missing: Vec<u64>,
+}
+
+impl Orphan {
+    /// Position of the anchor; None for the root.
+    pub fn anchor_position(&self) -> Option<u32> {
+        self.anchor.map(|_| self.position - 1 - self.missing.len() as u32)
+    }
+
+    /// Whether the positions add up: an anchor lies above the missing
+    /// ancestors, and without one they reach down from the root.
+    pub fn is_consistent(&self) -> bool {
+        let missing = self.missing.len() as u64;
+        match self.anchor {
+            Some(_) => missing < u64::from(self.position),
+            None => missing == u64::from(self.position) && missing > 0,
+        }
+    }
+}
 
 /// What a receiver will know of one worker while applying its events.
 #[derive(Default)]
@@ -47,6 +117,11 @@ impl Known {
         self.by_block.get(&block)?.iter().copied().find(|&h| self.resolve(tier, h) == Some(block))
     }
 
+    /// A hash emitted for `block`, in any tier.
+    fn any_name(&self, block: u32) -> Option<u64> {
+        self.by_block.get(&block)?.first().copied()
+    }
+
     fn learn(&mut self, tier: usize, hash: u64, block: u32) {
         self.by_hash[tier].insert(hash, block);
         self.by_block.entry(block).or_default().push(hash);
@@ -56,10 +131,10 @@ impl Known {
 struct Emitter<'a> {
     tree: &'a Tree,
     shared: &'a Shared,
-    events: Vec<Event>,
+    events: Vec<DumpEvent>,
     /// (tier, engine hash of the last block of an open event) -> event index.
     open: FxHashMap<(usize, u64), usize>,
-    worker: crate::event::WorkerId,
+    worker: WorkerId,
 }
 
 impl Emitter<'_> {
@@ -69,11 +144,13 @@ impl Emitter<'_> {
         chain::local_of(pchain, self.tree.chain(self.shared, id), self.tree.position(self.shared, id))
     }
 
-    fn emit(&mut self, tier: usize, parent: Option<u64>, hash: u64, id: u32) {
+    /// Appends the block to the open event whose last block is its parent,
+    /// or starts an event (always for an orphan).
+    fn emit(&mut self, tier: usize, parent: Option<u64>, hash: u64, id: u32, orphan: Option<Orphan>) {
         let block = StoredBlock { engine_hash: hash, local_hash: self.local(id) };
-        if let Some(p) = parent {
+        if let (Some(p), None) = (parent, &orphan) {
             if let Some(i) = self.open.remove(&(tier, p)) {
-                if let EventKind::Stored { blocks, .. } = &mut self.events[i].kind {
+                if let EventKind::Stored { blocks, .. } = &mut self.events[i].event.kind {
                     blocks.push(block);
                 }
                 self.open.insert((tier, hash), i);
@@ -81,12 +158,20 @@ impl Emitter<'_> {
             }
         }
         self.open.insert((tier, hash), self.events.len());
-        self.events.push(Event::stored(self.worker, StorageTier::ALL[tier], parent, vec![block]));
+        let event = Event::stored(self.worker, StorageTier::ALL[tier], parent, vec![block]);
+        self.events.push(DumpEvent { event, orphan });
     }
 }
 
-/// The events that rebuild one worker's blocks.
-pub(crate) fn dump_worker(tree: &Tree, shared: &Shared, state: &WorkerState) -> Vec<Event> {
+/// A strong bijective mixer (splitmix64's finaliser).
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The events that say which blocks one worker holds.
+pub(crate) fn dump_worker(tree: &Tree, shared: &Shared, state: &WorkerState) -> Vec<DumpEvent> {
     let mut blocks: Vec<(u32, usize, u64, u32)> = Vec::new();
     let mut used: FxHashSet<u64> = FxHashSet::default();
     for (tier, records) in state.records.iter().enumerate() {
@@ -98,56 +183,53 @@ pub(crate) fn dump_worker(tree: &Tree, shared: &Shared, state: &WorkerState) -> 
     // Parents first; device first within a position so lower tiers can hang off it.
     blocks.sort_unstable_by_key(|&(pos, tier, hash, _)| (pos, tier, hash));
     let mut known = Known::default();
-    let mut stand_ins: [Vec<u64>; 4] = Default::default();
+    // Per tier, missing ancestors an orphan listed -> that orphan's hash.
+    let mut listed: FxHashMap<(usize, u32), u64> = FxHashMap::default();
     let mut e = Emitter { tree, shared, events: Vec::new(), open: FxHashMap::default(), worker: state.id };
-    let mut next_stand_in = 0u64;
-    for (_, tier, hash, id) in blocks {
+    for (pos, tier, hash, id) in blocks {
         let parent = tree.parent_of(shared, id);
-        let parent_hash = if parent == NIL {
-            None
+        if parent == NIL {
+            e.emit(tier, None, hash, id, None);
+        } else if let Some(p) = known.name(tier, parent) {
+            e.emit(tier, Some(p), hash, id, None);
         } else {
-            match known.name(tier, parent) {
-                Some(h) => Some(h),
-                None => {
-                    // Ancestors the worker does not hold here, up to one it does (or the root).
-                    let mut missing = vec![parent];
-                    let mut top = None;
-                    let mut a = tree.parent_of(shared, parent);
-                    while a != NIL {
-                        if let Some(h) = known.name(tier, a) {
-                            top = Some(h);
-                            break;
-                        }
-                        missing.push(a);
-                        a = tree.parent_of(shared, a);
-                    }
-                    let mut above = top;
-                    for &m in missing.iter().rev() {
-                        let h = loop {
-                            next_stand_in += 1;
-                            // From content, not ids, so equal indexes dump equal events.
-                            let h = (tree.chain(shared, m) ^ (tier as u64) << 61)
-                                .wrapping_add(next_stand_in.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                            if used.insert(h) {
-                                break h;
-                            }
-                        };
-                        e.emit(tier, above, h, m);
-                        known.learn(tier, h, m);
-                        stand_ins[tier].push(h);
-                        above = Some(h);
-                    }
-                    above
+            // Up to the nearest ancestor the worker holds here, or one an
+            // earlier orphan listed, or the root.
+            let mut missing = Vec::new();
+            let mut anchor = None;
+            let mut a = parent;
+            while a != NIL {
+                if let Some(h) = known.name(tier, a) {
+                    anchor = Some(h);
+                    break;
                 }
+                if let Some(&h) = listed.get(&(tier, a)) {
+                    anchor = Some(h);
+                    break;
+                }
+                missing.push(a);
+                a = tree.parent_of(shared, a);
             }
-        };
-        e.emit(tier, parent_hash, hash, id);
-        known.learn(tier, hash, id);
-    }
-    for (tier, hashes) in stand_ins.into_iter().enumerate() {
-        if !hashes.is_empty() {
-            e.events.push(Event::removed(state.id, StorageTier::ALL[tier], hashes));
+            for &m in &missing {
+                listed.insert((tier, m), hash);
+            }
+            let orphan = Orphan { position: pos, anchor, missing: missing.iter().rev().map(|&m| e.local(m)).collect() };
+            debug_assert!(orphan.is_consistent());
+            let parent_hash = known.any_name(parent).unwrap_or_else(|| {
+                // From content, not ids, so equal indexes dump equal events.
+                let mut h = mix(tree.chain(shared, parent));
+                while used.contains(&h) {
+                    h = mix(h);
+                }
+                h
+            });
+            e.emit(tier, Some(parent_hash), hash, id, Some(orphan));
         }
+        known.learn(tier, hash, id);
     }
     e.events
 }
+
+#[cfg(test)]
+#[path = "dump_tests.rs"]
+mod tests;

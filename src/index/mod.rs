@@ -35,6 +35,7 @@ mod blocks;
 mod budget;
 mod chain;
 mod dump;
+mod load;
 mod members;
 mod pages;
 mod pause;
@@ -49,6 +50,8 @@ mod workers;
 mod writer;
 
 pub use budget::Budget;
+pub use dump::{DumpEvent, Orphan};
+pub use load::Loaded;
 pub use reclaim::reclaim;
 
 use crate::event::{Event, EventKind, StorageTier, WorkerId};
@@ -313,9 +316,10 @@ impl Index {
         })
     }
 
-    /// Events that rebuild this index exactly, per worker, parents first.
+    /// Every block every worker holds, as stored chains, per worker,
+    /// parents first (see `dump`); `load_dump` rebuilds the index from them.
     /// Each worker's events are one state of that worker.
-    pub fn dump_events(&self) -> Vec<Event> {
+    pub fn dump_events(&self) -> Vec<DumpEvent> {
         let cells = self.workers.read().cells();
         let mut events = Vec::new();
         for cell in cells {

@@ -21,10 +21,12 @@
 //!     u32 workers, each: u64 instance_id, u32 dp_rank
 //!     u64 events, each:
 //!       u8 tag: bits 0-1 tier, bits 2-3 kind (0 stored, 1 removed, 2 cleared),
-//!               bit 4 has_parent (stored only), bits 5-7 zero
+//!               bit 4 has_parent, bit 5 orphan (stored only), bits 6-7 zero
 //!       u32 worker (position in the index's worker table)
-//!       stored:  [u64 parent], u32 n, n x (u64 engine_hash, u64 local_hash)
+//!       stored:  [u64 parent], [orphan], u32 n, n x (u64 engine_hash, u64 local_hash)
 //!       removed: u32 n, n x u64 engine_hash     (n <= event::BLOCKS_PER_EVENT_MAX)
+//!     orphan = u32 position, u8 has_anchor, [u64 anchor], u32 m, m x u64 local_hash
+//!              (m missing ancestors, consistent with the position: see `index::Orphan`)
 //! name     = u32 len (1..=registry::NAME_BYTES_MAX), UTF-8 bytes
 //! addr     = u32 len (1..=endpoint::ADDRESS_BYTES_MAX), UTF-8 bytes
 //! opt_addr = u8 present, [addr]
@@ -45,6 +47,7 @@
 use super::{SavedIndex, SavedRegistration, Snapshot};
 use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId, BLOCKS_PER_EVENT_MAX};
+use crate::index::{DumpEvent, Orphan};
 use crate::ingest::{BLOCK_SIZE_MAX, LISTENERS_MAX};
 use crate::log::truncate_utf8;
 use crate::registry::{RegisterArgs, INDEXES_MAX, NAME_BYTES_MAX};
@@ -54,10 +57,11 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// First bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"KVIXSNAP";
-/// The format this build writes and the only one it reads. Format 2 dumps
-/// every block a worker holds (stand-in ancestors, removed again, carry
-/// blocks held without their prefix); format 1 files left those out.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format this build writes and the only one it reads. Format 3 holds
+/// exactly the blocks each worker holds, orphans placed by their missing
+/// ancestors' local hashes; format 2 carried stand-in ancestor blocks,
+/// removed again after them; format 1 left orphans out.
+pub const FORMAT_VERSION: u32 = 3;
 /// Longest daemon version string in a header, in bytes.
 pub const VERSION_BYTES_MAX: usize = 64;
 /// Largest header: the fixed fields plus the longest version string.
@@ -72,7 +76,8 @@ pub const WORKERS_PER_INDEX_MAX: usize = 1 << 22;
 const TAG_TIER_MASK: u8 = 0b11;
 const TAG_KIND_SHIFT: u8 = 2;
 const TAG_HAS_PARENT: u8 = 1 << 4;
-const TAG_RESERVED: u8 = 0b1110_0000;
+const TAG_ORPHAN: u8 = 1 << 5;
+const TAG_RESERVED: u8 = 0b1100_0000;
 const KIND_STORED: u8 = 0;
 const KIND_REMOVED: u8 = 1;
 const KIND_CLEARED: u8 = 2;
@@ -118,9 +123,9 @@ impl fmt::Display for SnapshotError {
             SnapshotError::UnknownVersion { format } => write!(f, "unknown format {format}"),
             SnapshotError::OldVersion { format } => write!(
                 f,
-                "written by an older kv-indexer in format {format}, whose snapshots left out blocks held \
-                 without their prefix; this build reads format {FORMAT_VERSION} only (the next snapshot is \
-                 written in it)"
+                "written by an older kv-indexer in format {format}, which kept blocks held without their \
+                 prefix otherwise (format 1 left them out, format 2 under stand-in blocks); this build reads \
+                 format {FORMAT_VERSION} only"
             ),
             SnapshotError::Truncated { have, need } => {
                 write!(f, "truncated: {have} bytes where at least {need} are needed")
@@ -147,6 +152,9 @@ impl SnapshotError {
                 "start the newer kv-indexer to use it; the next snapshot write here replaces it"
             }
             SnapshotError::Io(_) => "check the file's permissions",
+            SnapshotError::OldVersion { .. } => {
+                "peers (--peers) or the engines fill the index again; the next snapshot write replaces the file"
+            }
             _ => "the next snapshot write replaces the file",
         }
     }
@@ -207,8 +215,8 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
         let mut table: FxHashMap<WorkerId, u32> = FxHashMap::default();
         let mut workers: Vec<WorkerId> = Vec::new();
         for e in &ix.events {
-            table.entry(e.worker).or_insert_with(|| {
-                workers.push(e.worker);
+            table.entry(e.event.worker).or_insert_with(|| {
+                workers.push(e.event.worker);
                 (workers.len() - 1) as u32
             });
         }
@@ -224,22 +232,28 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
         let count_at = out.len();
         out.extend_from_slice(&0u64.to_le_bytes());
         let mut events = 0u64;
-        for e in &ix.events {
-            let head = |out: &mut Vec<u8>, kind: u8, parent: Option<u64>| {
-                let tag =
-                    e.tier.index() as u8 | kind << TAG_KIND_SHIFT | if parent.is_some() { TAG_HAS_PARENT } else { 0 };
+        for DumpEvent { event: e, orphan } in &ix.events {
+            let head = |out: &mut Vec<u8>, kind: u8, parent: Option<u64>, orphan: Option<&Orphan>| {
+                let tag = e.tier.index() as u8
+                    | kind << TAG_KIND_SHIFT
+                    | if parent.is_some() { TAG_HAS_PARENT } else { 0 }
+                    | if orphan.is_some() { TAG_ORPHAN } else { 0 };
                 out.push(tag);
                 out.extend_from_slice(&table[&e.worker].to_le_bytes());
                 if let Some(p) = parent {
                     out.extend_from_slice(&p.to_le_bytes());
                 }
+                if let Some(o) = orphan {
+                    put_orphan(out, o);
+                }
             };
             match &e.kind {
                 EventKind::Stored { parent, blocks } => {
                     let mut parent = *parent;
+                    let mut orphan = orphan.as_ref();
                     // An empty store is still one event.
                     for piece in blocks.chunks(BLOCKS_PER_EVENT_MAX).chain(blocks.is_empty().then_some(&[][..])) {
-                        head(&mut out, KIND_STORED, parent);
+                        head(&mut out, KIND_STORED, parent, orphan.take());
                         out.extend_from_slice(&(piece.len() as u32).to_le_bytes());
                         for b in piece {
                             out.extend_from_slice(&b.engine_hash.to_le_bytes());
@@ -251,7 +265,7 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
                 }
                 EventKind::Removed { engine_hashes } => {
                     // From engines, already within the event limit.
-                    head(&mut out, KIND_REMOVED, None);
+                    head(&mut out, KIND_REMOVED, None, None);
                     out.extend_from_slice(&(engine_hashes.len() as u32).to_le_bytes());
                     for h in engine_hashes {
                         out.extend_from_slice(&h.to_le_bytes());
@@ -259,7 +273,7 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
                     events += 1;
                 }
                 EventKind::Cleared => {
-                    head(&mut out, KIND_CLEARED, None);
+                    head(&mut out, KIND_CLEARED, None, None);
                     events += 1;
                 }
             }
@@ -267,6 +281,21 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
         out[count_at..count_at + 8].copy_from_slice(&events.to_le_bytes());
     }
     out
+}
+
+fn put_orphan(out: &mut Vec<u8>, o: &Orphan) {
+    // Missing ancestors lie above the orphan, so there are fewer than the
+    // deepest position indexed: within the event limit at the default.
+    debug_assert!(o.missing.len() <= BLOCKS_PER_EVENT_MAX);
+    out.extend_from_slice(&o.position.to_le_bytes());
+    out.push(o.anchor.is_some() as u8);
+    if let Some(a) = o.anchor {
+        out.extend_from_slice(&a.to_le_bytes());
+    }
+    out.extend_from_slice(&(o.missing.len() as u32).to_le_bytes());
+    for l in &o.missing {
+        out.extend_from_slice(&l.to_le_bytes());
+    }
 }
 
 /// What a header says, once checked.
@@ -495,11 +524,12 @@ fn decode_index(r: &mut Reader<'_>) -> Res<SavedIndex> {
     Ok(SavedIndex { model_name, tenant_id, block_size, events })
 }
 
-fn decode_event(r: &mut Reader<'_>, workers: &[WorkerId]) -> Res<Event> {
+fn decode_event(r: &mut Reader<'_>, workers: &[WorkerId]) -> Res<DumpEvent> {
     let tag = r.u8()?;
     let kind = (tag >> TAG_KIND_SHIFT) & 0b11;
     let has_parent = tag & TAG_HAS_PARENT != 0;
-    if tag & TAG_RESERVED != 0 || kind > KIND_CLEARED || (has_parent && kind != KIND_STORED) {
+    let has_orphan = tag & TAG_ORPHAN != 0;
+    if tag & TAG_RESERVED != 0 || kind > KIND_CLEARED || ((has_parent || has_orphan) && kind != KIND_STORED) {
         return Err(r.malformed(format!("bad event tag {tag:#04x}")));
     }
     let tier = StorageTier::ALL[(tag & TAG_TIER_MASK) as usize];
@@ -507,9 +537,13 @@ fn decode_event(r: &mut Reader<'_>, workers: &[WorkerId]) -> Res<Event> {
     let Some(&worker) = workers.get(w) else {
         return Err(r.malformed(format!("worker {w} of a table of {}", workers.len())));
     };
+    let mut orphan = None;
     let kind = match kind {
         KIND_STORED => {
             let parent = if has_parent { Some(r.u64()?) } else { None };
+            if has_orphan {
+                orphan = Some(decode_orphan(r)?);
+            }
             let n = r.u32()? as u64;
             let n = r.count(n, BLOCKS_PER_EVENT_MAX, 16, "blocks")?;
             let mut blocks = Vec::with_capacity(n);
@@ -529,7 +563,23 @@ fn decode_event(r: &mut Reader<'_>, workers: &[WorkerId]) -> Res<Event> {
         }
         _ => EventKind::Cleared,
     };
-    Ok(Event { worker, tier, kind })
+    Ok(DumpEvent { event: Event { worker, tier, kind }, orphan })
+}
+
+fn decode_orphan(r: &mut Reader<'_>) -> Res<Orphan> {
+    let position = r.u32()?;
+    let anchor = if r.flag("anchor")? { Some(r.u64()?) } else { None };
+    let n = r.u32()? as u64;
+    let n = r.count(n, BLOCKS_PER_EVENT_MAX, 8, "missing ancestors")?;
+    let mut missing = Vec::with_capacity(n);
+    for _ in 0..n {
+        missing.push(r.u64()?);
+    }
+    let o = Orphan { position, anchor, missing };
+    if !o.is_consistent() {
+        return Err(r.malformed(format!("an orphan at position {position} with {n} missing ancestors")));
+    }
+    Ok(o)
 }
 
 #[cfg(test)]

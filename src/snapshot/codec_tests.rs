@@ -43,11 +43,19 @@ fn sample() -> Snapshot {
                 tenant_id: "default".into(),
                 block_size: 16,
                 events: vec![
-                    Event::stored(w1, StorageTier::Device, None, vec![b(1, 10), b(2, 20)]),
-                    Event::stored(w1, StorageTier::HostPinned, Some(2), vec![b(u64::MAX, 0)]),
-                    Event::stored(w2, StorageTier::External, Some(7), vec![b(3, 30)]),
-                    Event::removed(w2, StorageTier::Disk, vec![3, 4]),
-                    Event::cleared(w1),
+                    Event::stored(w1, StorageTier::Device, None, vec![b(1, 10), b(2, 20)]).into(),
+                    Event::stored(w1, StorageTier::HostPinned, Some(2), vec![b(u64::MAX, 0)]).into(),
+                    Event::stored(w2, StorageTier::External, Some(7), vec![b(3, 30)]).into(),
+                    DumpEvent {
+                        event: Event::stored(w2, StorageTier::Disk, Some(8), vec![b(5, 50), b(6, 60)]),
+                        orphan: Some(Orphan { position: 3, anchor: Some(3), missing: vec![40] }),
+                    },
+                    DumpEvent {
+                        event: Event::stored(w1, StorageTier::Device, Some(9), vec![b(11, 70)]),
+                        orphan: Some(Orphan { position: 2, anchor: None, missing: vec![41, 42] }),
+                    },
+                    Event::removed(w2, StorageTier::Disk, vec![3, 4]).into(),
+                    Event::cleared(w1).into(),
                 ],
             },
             SavedIndex { model_name: "empty".into(), tenant_id: "t".into(), block_size: 1, events: vec![] },
@@ -214,17 +222,22 @@ fn a_chain_longer_than_an_event_is_written_as_chained_events() {
     let n = BLOCKS_PER_EVENT_MAX + 5;
     let blocks: Vec<StoredBlock> = (0..n as u64).map(|i| StoredBlock { engine_hash: i + 100, local_hash: i }).collect();
     let mut s = sample();
-    s.indexes[1].events = vec![Event::stored(w, StorageTier::Disk, Some(7), blocks.clone())];
+    // An orphan's chain: the first piece keeps where it hangs.
+    let orphan = Orphan { position: 9, anchor: None, missing: (0..9).collect() };
+    s.indexes[1].events = vec![DumpEvent {
+        event: Event::stored(w, StorageTier::Disk, Some(7), blocks.clone()),
+        orphan: Some(orphan.clone()),
+    }];
     let back = decode(&encode(&s)).unwrap();
     let (first, rest) = blocks.split_at(BLOCKS_PER_EVENT_MAX);
     let want = vec![
-        Event::stored(w, StorageTier::Disk, Some(7), first.to_vec()),
-        Event::stored(w, StorageTier::Disk, Some(first.last().unwrap().engine_hash), rest.to_vec()),
+        DumpEvent { event: Event::stored(w, StorageTier::Disk, Some(7), first.to_vec()), orphan: Some(orphan) },
+        Event::stored(w, StorageTier::Disk, Some(first.last().unwrap().engine_hash), rest.to_vec()).into(),
     ];
     assert_eq!(back.indexes[1].events, want);
     assert_eq!(back.registrations, s.registrations);
     // A store of no blocks stays one event.
-    s.indexes[1].events = vec![Event::stored(w, StorageTier::Disk, Some(7), Vec::new())];
+    s.indexes[1].events = vec![Event::stored(w, StorageTier::Disk, Some(7), Vec::new()).into()];
     assert_eq!(decode(&encode(&s)).unwrap().indexes[1].events, s.indexes[1].events);
 }
 

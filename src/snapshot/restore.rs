@@ -29,7 +29,6 @@
 
 use super::{SavedIndex, SavedRegistration, Snapshot};
 use crate::event::WorkerId;
-use crate::ingest::EventSink;
 use crate::registry::{RegisterArgs, Registry};
 use rustc_hash::FxHashSet;
 
@@ -138,8 +137,9 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
     for (m, t, w) in dropped_workers.clone() {
         if let Some(ix) = indexes.iter().find(|ix| ix.model_name == m && ix.tenant_id == t) {
             for e in &ix.events {
-                if e.worker.instance_id == w.instance_id && !keys.contains(&e.worker) {
-                    dropped_workers.insert((m.clone(), t.clone(), e.worker));
+                let worker = e.event.worker;
+                if worker.instance_id == w.instance_id && !keys.contains(&worker) {
+                    dropped_workers.insert((m.clone(), t.clone(), worker));
                 }
             }
         }
@@ -147,8 +147,8 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
     for ix in &mut indexes {
         let (m, t) = (ix.model_name.clone(), ix.tenant_id.clone());
         ix.events.retain(|e| {
-            !dropped_instances.contains(&(m.clone(), t.clone(), e.worker.instance_id))
-                && !dropped_workers.contains(&(m.clone(), t.clone(), e.worker))
+            !dropped_instances.contains(&(m.clone(), t.clone(), e.event.worker.instance_id))
+                && !dropped_workers.contains(&(m.clone(), t.clone(), e.event.worker))
         });
     }
 
@@ -157,7 +157,7 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
         let mut extra: Vec<u32> = Vec::new();
         if let Some(ix) = indexes.iter().find(|ix| ix.model_name == r.model_name && ix.tenant_id == r.tenant_id) {
             for e in &ix.events {
-                let w = e.worker;
+                let w = e.event.worker;
                 if w.instance_id == r.instance_id && !keys.contains(&w) && !extra.contains(&w.dp_rank) {
                     extra.push(w.dp_rank);
                 }
@@ -186,8 +186,7 @@ pub fn restore(registry: &Registry, plan: Plan) -> Result<Restored, String> {
             }
         };
         out.indexes += 1;
-        // One writer lock for the whole index: nothing else writes yet.
-        EventSink::apply_all(&*handle, &ix.events);
+        handle.index.load_dump(&ix.events, |e| handle.apply(e));
         out.pairs += ix.pairs();
     }
     for (worker, last, extra) in &plan.watermarks {
@@ -225,6 +224,7 @@ pub fn restore(registry: &Registry, plan: Plan) -> Result<Restored, String> {
 mod tests {
     use super::*;
     use crate::event::{Event, StorageTier, StoredBlock};
+    use crate::index::DumpEvent;
 
     fn reg(instance: u64, rank: u32, endpoint: &str, model: &str, last: Option<u64>) -> SavedRegistration {
         let mut args = cli(instance, rank, endpoint, model, 4);
@@ -244,9 +244,9 @@ mod tests {
         }
     }
 
-    fn store(instance: u64, rank: u32, hash: u64) -> Event {
+    fn store(instance: u64, rank: u32, hash: u64) -> DumpEvent {
         let b = StoredBlock { engine_hash: hash, local_hash: hash };
-        Event::stored(WorkerId::new(instance, rank), StorageTier::Device, None, vec![b])
+        Event::stored(WorkerId::new(instance, rank), StorageTier::Device, None, vec![b]).into()
     }
 
     fn snapshot() -> Snapshot {
@@ -280,7 +280,7 @@ mod tests {
 
     fn workers(p: &Plan, model: &str) -> Vec<WorkerId> {
         let ix = p.indexes.iter().find(|ix| ix.model_name == model).unwrap();
-        ix.events.iter().map(|e| e.worker).collect()
+        ix.events.iter().map(|e| e.event.worker).collect()
     }
 
     #[test]

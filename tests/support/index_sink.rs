@@ -21,19 +21,13 @@ impl IndexSink {
     /// Per worker, the engine hashes the index's dump holds in each tier.
     pub fn dumped(&self) -> HashMap<WorkerId, Tiers> {
         let mut out: HashMap<WorkerId, Tiers> = HashMap::new();
-        // Applied in order: a dump may store stand-in ancestors and remove them again.
-        for event in self.0.dump_events() {
+        // A dump is a list of held blocks: stored chains only, each block once.
+        for d in self.0.dump_events() {
+            let event = d.event;
             let tiers = out.entry(event.worker).or_default();
-            match &event.kind {
-                EventKind::Stored { blocks, .. } => {
-                    tiers[event.tier.index()].extend(blocks.iter().map(|b| b.engine_hash))
-                }
-                EventKind::Removed { engine_hashes } => {
-                    for h in engine_hashes {
-                        tiers[event.tier.index()].remove(h);
-                    }
-                }
-                EventKind::Cleared => *tiers = Tiers::default(),
+            let EventKind::Stored { blocks, .. } = &event.kind else { panic!("a dump holds stores only: {event:?}") };
+            for b in blocks {
+                assert!(tiers[event.tier.index()].insert(b.engine_hash), "listed twice: {event:?}");
             }
         }
         out
