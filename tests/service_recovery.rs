@@ -10,8 +10,9 @@ use support::daemon::Daemon;
 use support::publisher::{PublisherConfig, TestEvent, TestPublisher};
 use support::wait_until;
 
-/// A dump as a set of (index, worker, tier, block, local, parent) facts,
-/// whatever the order and grouping of its events.
+/// A dump as a set of (index, worker, tier, block, local, parent) facts
+/// (and where each orphan hangs), whatever the order and grouping of its
+/// events.
 fn facts(dump: &Value) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for (key, entry) in dump.as_object().unwrap() {
@@ -19,7 +20,12 @@ fn facts(dump: &Value) -> BTreeSet<String> {
             let worker = format!("{}:{}", ev["worker_id"], ev["event"]["dp_rank"]);
             let tier = ev["storage_tier"].as_str().unwrap_or("device").to_string();
             let stored = &ev["event"]["data"]["stored"];
+            assert!(stored.is_object(), "a dump lists stored blocks only: {ev}");
             let mut parent = stored["parent_hash"].to_string();
+            if !stored["kv_indexer_orphan"].is_null() {
+                let (at, orphan) = (&stored["start_position"], &stored["kv_indexer_orphan"]);
+                out.insert(format!("{key} {worker} {tier} {} at {at} hangs under {orphan}", stored["blocks"][0]));
+            }
             for b in stored["blocks"].as_array().unwrap() {
                 out.insert(format!("{key} {worker} {tier} {} {} {parent}", b["block_hash"], b["tokens_hash"]));
                 parent = b["block_hash"].to_string();

@@ -54,22 +54,18 @@ pub fn held(dump: &Value, key: &str, instance: u64, rank: u32) -> Tiers {
             "disk" => 2,
             _ => 3,
         };
-        // Applied in order: a dump may store stand-in ancestors and remove them again.
-        if let Some(removed) = ev["event"]["data"]["removed"]["block_hashes"].as_array() {
-            for h in removed {
-                out[tier].remove(&h.as_u64().unwrap());
-            }
-            continue;
-        }
-        for b in ev["event"]["data"]["stored"]["blocks"].as_array().unwrap() {
-            out[tier].insert(b["block_hash"].as_u64().unwrap());
+        // A dump is a list of held blocks: stores only, each block once.
+        let blocks = ev["event"]["data"]["stored"]["blocks"].as_array();
+        for b in blocks.unwrap_or_else(|| panic!("not a store: {ev}")) {
+            assert!(out[tier].insert(b["block_hash"].as_u64().unwrap()), "listed twice: {ev}");
         }
     }
     out
 }
 
-/// A dump as a set of (index, worker, tier, block, local, parent) facts,
-/// whatever the order and grouping of its events.
+/// A dump as a set of (index, worker, tier, block, local, parent) facts
+/// (and where each orphan hangs), whatever the order and grouping of its
+/// events.
 pub fn facts(dump: &Value) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for (key, entry) in dump.as_object().unwrap() {
@@ -77,15 +73,13 @@ pub fn facts(dump: &Value) -> BTreeSet<String> {
         for ev in entry["events"].as_array().unwrap() {
             let worker = format!("{}:{}", ev["worker_id"], ev["event"]["dp_rank"]);
             let tier = ev["storage_tier"].as_str().unwrap_or("device").to_string();
-            let data = &ev["event"]["data"];
-            if let Some(removed) = data["removed"]["block_hashes"].as_array() {
-                for h in removed {
-                    out.insert(format!("{key} {worker} {tier} removes {h}"));
-                }
-                continue;
-            }
-            let stored = &data["stored"];
+            let stored = &ev["event"]["data"]["stored"];
+            assert!(stored.is_object(), "a dump lists stored blocks only: {ev}");
             let mut parent = stored["parent_hash"].to_string();
+            if !stored["kv_indexer_orphan"].is_null() {
+                let (at, orphan) = (&stored["start_position"], &stored["kv_indexer_orphan"]);
+                out.insert(format!("{key} {worker} {tier} {} at {at} hangs under {orphan}", stored["blocks"][0]));
+            }
             for b in stored["blocks"].as_array().unwrap() {
                 out.insert(format!("{key} {worker} {tier} {} {} {parent}", b["block_hash"], b["tokens_hash"]));
                 parent = b["block_hash"].to_string();

@@ -1,9 +1,14 @@
 //! Compares what a running daemon says with what its engines really hold,
 //! through the API only:
 //!
-//! - `/dump`: the set of (instance, rank, tier, engine hash, local hash) its
-//!   events rebuild must equal every block the engines hold, including
-//!   blocks whose parent the worker no longer holds.
+//! - `/dump`, read as what it means, a list of held blocks: every block of
+//!   a Stored event is one (instance, rank, tier, engine hash, local hash)
+//!   the engine holds, each listed once, and every block the engines hold
+//!   is listed, including orphans (blocks whose parent the worker no longer
+//!   holds: a lower-tier block whose device parent was evicted, a block
+//!   after a hole), which are exactly the blocks the dump marks as such.
+//!   A dump that lists anything else (a Removed event, a stand-in block)
+//!   fails.
 //! - `/query_by_hash` along the chain of every block an engine holds
 //!   (visible or not): the owner's gpu, cpu and disk depths must be exactly
 //!   those its held blocks give, walking the tiers in query order, and every
@@ -27,34 +32,81 @@ pub type Fact = (u64, u32, usize, u64, u64);
 /// Chains queried per engine at most (spread over its held blocks).
 const CHAINS_PER_ENGINE_MAX: usize = 400;
 
-/// Every block `/dump` rebuilds for the test model: its events applied in
-/// order (a dump may store stand-in ancestors and remove them again).
-pub fn dump_facts(d: &Daemon) -> BTreeSet<Fact> {
+/// An orphan: (instance, dp rank, tier, engine hash) of a block whose
+/// parent its worker does not hold.
+pub type Orphan = (u64, u32, usize, u64);
+
+/// `/dump` of the test model read as a list of held blocks.
+#[derive(Default)]
+pub struct Listed {
+    /// Every block of a Stored event.
+    pub facts: BTreeSet<Fact>,
+    /// The first blocks of events marked as orphans.
+    pub orphans: BTreeSet<Orphan>,
+    /// Events that are not stores (a list of held blocks has none).
+    pub not_stores: usize,
+    /// Blocks listed more than once.
+    pub repeated: usize,
+}
+
+/// Reads `d`'s `/dump` of the test model as a list of held blocks.
+pub fn dump_list(d: &Daemon) -> Listed {
     let (status, dump) = d.get_json("/dump");
     assert_eq!(status, 200, "{dump}");
-    let mut out = BTreeSet::new();
+    let mut out = Listed::default();
     for (key, entry) in dump.as_object().unwrap() {
         assert_eq!(key, &format!("{MODEL}:default"), "an index nobody registered");
         for ev in entry["events"].as_array().unwrap() {
             let instance = ev["worker_id"].as_u64().unwrap();
             let rank = ev["event"]["dp_rank"].as_u64().unwrap_or(0) as u32;
             let tier = StorageTier::parse(ev["storage_tier"].as_str().unwrap()).unwrap().index();
-            let data = &ev["event"]["data"];
-            if let Some(removed) = data["removed"]["block_hashes"].as_array() {
-                for h in removed.iter().map(|h| h.as_u64().unwrap()) {
-                    out.retain(|f: &Fact| (f.0, f.1, f.2, f.3) != (instance, rank, tier, h));
-                }
+            let stored = &ev["event"]["data"]["stored"];
+            let Some(blocks) = stored["blocks"].as_array() else {
+                out.not_stores += 1;
                 continue;
+            };
+            for (i, b) in blocks.iter().enumerate() {
+                let hash = b["block_hash"].as_u64().unwrap();
+                if !out.facts.insert((instance, rank, tier, hash, b["tokens_hash"].as_u64().unwrap())) {
+                    out.repeated += 1;
+                }
+                if i == 0 && !stored["kv_indexer_orphan"].is_null() {
+                    out.orphans.insert((instance, rank, tier, hash));
+                }
             }
-            let blocks = data["stored"]["blocks"].as_array().expect("a dump holds stores and removes only");
-            for b in blocks {
-                out.insert((
-                    instance,
-                    rank,
-                    tier,
-                    b["block_hash"].as_u64().unwrap(),
-                    b["tokens_hash"].as_u64().unwrap(),
-                ));
+        }
+    }
+    out
+}
+
+/// Every block `/dump` lists for the test model, checked to be a list of
+/// held blocks (stores only, each block once).
+pub fn dump_facts(d: &Daemon) -> BTreeSet<Fact> {
+    let l = dump_list(d);
+    assert_eq!((l.not_stores, l.repeated), (0, 0), "{} lists more than held blocks", d.base);
+    l.facts
+}
+
+/// The orphans among what these engines hold: blocks whose parent the
+/// engine does not hold where a receiver looks (a device block's on the
+/// device, a lower-tier block's in any tier). The test engines give every
+/// block its own hash and random tokens, so a hash is a block.
+pub fn truth_orphans(engines: &[Engine]) -> BTreeSet<Orphan> {
+    let mut out = BTreeSet::new();
+    for e in engines {
+        let truth = e.publisher.truth();
+        for (tier, set) in truth.iter().enumerate() {
+            for &h in set {
+                let chain = e.publisher.chain_hashes(h);
+                let Some(&parent) = chain.len().checked_sub(2).map(|i| &chain[i]) else { continue };
+                let held = if tier == StorageTier::Device.index() {
+                    truth[tier].contains(&parent)
+                } else {
+                    truth.iter().any(|t| t.contains(&parent))
+                };
+                if !held {
+                    out.insert((e.instance, 0, tier, h));
+                }
             }
         }
     }
@@ -93,6 +145,8 @@ fn describe(got: &BTreeSet<Fact>, want: &BTreeSet<Fact>) -> String {
 #[derive(Copy, Clone, Debug, Default)]
 pub struct Checked {
     pub blocks: usize,
+    /// Of those, orphans (each marked as such in the dump).
+    pub orphans: usize,
     pub differing: usize,
     pub chains: usize,
     pub wrong_depths: usize,
@@ -103,20 +157,39 @@ pub fn dump_facts_of(d: &Daemon, engines: &[Engine]) -> BTreeSet<Fact> {
     dump_facts(d).into_iter().filter(|f| engines.iter().any(|e| e.instance == f.0)).collect()
 }
 
-/// Waits (bounded) until `d`'s dump of these engines' workers equals their
-/// truth, then checks every chain's depths; panics with the difference if
-/// either fails.
+/// Waits (bounded) until `d`'s dump of these engines' workers lists
+/// exactly the blocks they hold, with exactly their orphans marked, then
+/// checks every chain's depths; panics with the difference if any fails.
 pub fn assert_exact(d: &Daemon, engines: &[Engine]) -> Checked {
     let want = truth_facts(engines);
-    let mut got = BTreeSet::new();
+    let want_orphans = truth_orphans(engines);
+    let ours = |f: &(u64, u32, usize, u64)| engines.iter().any(|e| e.instance == f.0);
+    let (mut got, mut orphans, mut extra) = (BTreeSet::new(), BTreeSet::new(), (0, 0));
     let same = wait_until(|| {
-        got = dump_facts_of(d, engines);
-        got == want
+        let l = dump_list(d);
+        got = l.facts.into_iter().filter(|f| ours(&(f.0, f.1, f.2, f.3))).collect();
+        orphans = l.orphans.into_iter().filter(ours).collect();
+        extra = (l.not_stores, l.repeated);
+        got == want && orphans == want_orphans && extra == (0, 0)
     });
-    assert!(same, "{} drifted from its engines: {}", d.base, describe(&got, &want));
+    assert!(
+        same,
+        "{} drifted from its engines: {}; {} events not stores, {} blocks listed twice; \
+         {} orphans held, {} marked, {} unmarked (first {:?}), {} wrongly marked (first {:?})",
+        d.base,
+        describe(&got, &want),
+        extra.0,
+        extra.1,
+        want_orphans.len(),
+        orphans.len(),
+        want_orphans.difference(&orphans).count(),
+        want_orphans.difference(&orphans).next(),
+        orphans.difference(&want_orphans).count(),
+        orphans.difference(&want_orphans).next(),
+    );
     let (chains, wrong) = check_chains(d, engines);
     assert_eq!(wrong, 0, "{wrong} of {chains} chains answered wrong depths");
-    Checked { blocks: got.len(), differing: 0, chains, wrong_depths: 0 }
+    Checked { blocks: got.len(), orphans: orphans.len(), differing: 0, chains, wrong_depths: 0 }
 }
 
 /// Asserts `d` lists no block of these engines' workers that they do not hold (it may miss some);
@@ -221,12 +294,13 @@ pub fn report(test: &str, engines: &[Engine], checked: &Checked, daemon: &Daemon
     engines.iter().for_each(|e| s += e.stats());
     eprintln!(
         "{test}: {} engines, batches sent {sent}, dropped {}, duplicated {}, reordered {}, restarts injected {restarts}; \
-         final check: {} blocks in /dump, {} differing, {} chains queried, {} wrong; daemon {}",
+         final check: {} blocks in /dump ({} orphans), {} differing, {} chains queried, {} wrong; daemon {}",
         engines.len(),
         s.dropped,
         s.duplicated,
         s.reordered,
         checked.blocks,
+        checked.orphans,
         checked.differing,
         checked.chains,
         checked.wrong_depths,
