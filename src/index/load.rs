@@ -250,24 +250,32 @@ fn parent_first(events: &[DumpEvent]) -> Vec<usize> {
 }
 
 fn stores_parent_first(events: &[DumpEvent], run: std::ops::Range<usize>, order: &mut Vec<usize>) {
-    // Which event of the run stores each (worker, engine hash).
+    // The block each event hangs under: its parent, or an orphan's anchor.
+    let above = |i: usize| {
+        let e = &events[i];
+        match (&e.orphan, &e.event.kind) {
+            (Some(o), _) => o.anchor,
+            (None, EventKind::Stored { parent, .. }) => *parent,
+            _ => None,
+        }
+        .map(|h| (e.event.worker, h))
+    };
+    // Which event of the run stores each (worker, engine hash) some event
+    // hangs under: a set of one key per event is probed for every block,
+    // cheaper than a map of every block.
+    let wanted: FxHashSet<(WorkerId, u64)> = run.clone().filter_map(above).collect();
     let mut producer: FxHashMap<(WorkerId, u64), usize> = FxHashMap::default();
     for i in run.clone() {
         if let EventKind::Stored { blocks, .. } = &events[i].event.kind {
             for b in blocks {
-                producer.entry((events[i].event.worker, b.engine_hash)).or_insert(i);
+                let key = (events[i].event.worker, b.engine_hash);
+                if wanted.contains(&key) {
+                    producer.entry(key).or_insert(i);
+                }
             }
         }
     }
-    let parent_event = |i: usize| {
-        let e = &events[i];
-        let above = match (&e.orphan, &e.event.kind) {
-            (Some(o), _) => o.anchor,
-            (None, EventKind::Stored { parent, .. }) => *parent,
-            _ => None,
-        };
-        producer.get(&(e.event.worker, above?)).copied()
-    };
+    let parent_event = |i: usize| producer.get(&above(i)?).copied();
     // 0: not seen, 1: waiting for its parent, 2: placed.
     let mut state = vec![0u8; run.len()];
     let mut stack = Vec::new();
