@@ -20,12 +20,13 @@
 //! the index holds, however many orphans share a missing prefix.
 //!
 //! The parent hash of an orphan is the engine hash the worker uses for its
-//! parent block in some tier, when it has one; otherwise a hash the worker
-//! uses for no block. Either way a receiver that knows nothing of `Orphan`
-//! (Dynamo) cannot resolve it, so it never places the block anywhere the
-//! worker does not hold it: Dynamo 1.6.1 refuses such a device block
-//! (parent not found) and keeps such a lower-tier block where no query of
-//! this worker reaches. A null parent would put it at the root.
+//! parent block in another tier, when it has one that names no other block
+//! of the worker in any tier; otherwise a hash the worker uses for no
+//! block. Either way a receiver that knows nothing of `Orphan` (Dynamo)
+//! cannot resolve it to another block, so it never places the block
+//! anywhere the worker does not hold it: Dynamo 1.6.1 refuses such a
+//! device block (parent not found) and keeps such a lower-tier block where
+//! no query of this worker reaches. A null parent would put it at the root.
 
 use super::blocks::NIL;
 use super::chain;
@@ -117,9 +118,11 @@ impl Known {
         self.by_block.get(&block)?.iter().copied().find(|&h| self.resolve(tier, h) == Some(block))
     }
 
-    /// A hash emitted for `block`, in any tier.
-    fn any_name(&self, block: u32) -> Option<u64> {
-        self.by_block.get(&block)?.first().copied()
+    /// A hash emitted for `block` in some tier that the worker uses for no
+    /// other block in any tier (so no receiver resolves it elsewhere).
+    fn only_name(&self, block: u32, state: &WorkerState) -> Option<u64> {
+        let names_only = |h: u64| state.records.iter().all(|r| r.get(h).is_none_or(|id| id == block));
+        self.by_block.get(&block)?.iter().copied().find(|&h| names_only(h))
     }
 
     fn learn(&mut self, tier: usize, hash: u64, block: u32) {
@@ -215,7 +218,7 @@ pub(crate) fn dump_worker(tree: &Tree, shared: &Shared, state: &WorkerState) -> 
             }
             let orphan = Orphan { position: pos, anchor, missing: missing.iter().rev().map(|&m| e.local(m)).collect() };
             debug_assert!(orphan.is_consistent());
-            let parent_hash = known.any_name(parent).unwrap_or_else(|| {
+            let parent_hash = known.only_name(parent, state).unwrap_or_else(|| {
                 // From content, not ids, so equal indexes dump equal events.
                 let mut h = mix(tree.chain(shared, parent));
                 while used.contains(&h) {

@@ -292,3 +292,25 @@ fn removes_and_clears_keep_their_place_and_cycles_end() {
     assert_eq!((loaded.events, loaded.blocks_stored, loaded.blocks_refused), (6, 2, 2));
     assert_eq!(listed(&ix.dump_events()).len(), 2);
 }
+
+#[test]
+fn an_orphan_names_its_parent_only_by_a_hash_no_other_block_of_its_worker_has() {
+    let mut f = Fixture::new();
+    // The host holds position 1 under 700, which the device uses for another block.
+    f.store(w(6), DEV, None, at(0, &[600, 601, 602]));
+    f.store(w(6), HOST, Some(600), at(1, &[700]));
+    f.store(w(6), DEV, None, vec![StoredBlock { engine_hash: 700, local_hash: 999 }]);
+    // Worker 7 names its parent by a hash that is its own alone.
+    f.store(w(7), DEV, None, at(0, &[800, 801, 802]));
+    f.store(w(7), HOST, Some(800), at(1, &[810]));
+    f.remove(w(6), DEV, &[601]);
+    f.remove(w(7), DEV, &[801]);
+    let dump = f.ix.dump_events();
+    assert_eq!(listed(&dump), f.held);
+    let (parent, o) = orphan_of(&dump, w(6), 602);
+    assert_eq!(o, Orphan { position: 2, anchor: Some(600), missing: vec![l(1)] });
+    let parent = parent.unwrap();
+    assert!(f.held.iter().all(|&(x, _, h)| x != w(6) || h != parent), "700 would resolve to the other block");
+    assert_eq!(orphan_of(&dump, w(7), 802).0, Some(810));
+    rebuilt(&f.ix, &queries());
+}
