@@ -11,11 +11,11 @@
 //! are stored for its worker, in its tier, under its anchor, with hashes
 //! neither the dump nor the index uses for that worker; the orphan is
 //! stored under them; and once the worker's last event of the dump is
-//! applied, they are removed again. The blocks stay where the orphan hangs
-//! under them, held by nobody else than the source said: the holes the
-//! source had. Stand-ins exist only here, while a dump loads (peer recovery
-//! and snapshot restore run with the ready gate closed), and never in a
-//! dump. An orphan whose anchor is not a block at the anchor's position,
+//! applied, they are removed again. The blocks stay, since the orphan
+//! hangs under them, held by whoever else the dump says holds them: the
+//! holes the source had. Stand-ins exist only here, while a dump loads
+//! (peer recovery and snapshot restore run with the ready gate closed),
+//! and never in a dump. An orphan whose anchor is not a block at the anchor's position,
 //! or whose stand-ins cannot all be stored (depth, the shared cap), is not
 //! applied at all and counts as refused for an unknown parent: a miss,
 //! never a block placed where the worker does not hold it.
