@@ -314,3 +314,26 @@ fn an_orphan_names_its_parent_only_by_a_hash_no_other_block_of_its_worker_has() 
     assert_eq!(orphan_of(&dump, w(7), 802).0, Some(810));
     rebuilt(&f.ix, &queries());
 }
+
+#[test]
+fn a_dump_taken_while_one_loads_lists_no_stand_in() {
+    let mut f = Fixture::new();
+    f.store(w(1), DEV, None, at(0, &[10, 11, 12, 13]));
+    f.store(w(1), HOST, Some(11), at(2, &[22, 23]));
+    f.store(w(2), DEV, None, at(0, &[30, 31]));
+    f.remove(w(1), DEV, &[11, 12]);
+    f.remove(w(1), HOST, &[22]);
+    let source = f.ix.dump_events();
+    assert_eq!(source.iter().filter(|d| d.orphan.is_some()).count(), 2);
+    let copy = Index::new(IndexConfig::new(4));
+    let mut seen = 0;
+    copy.load_dump(&source, |e| {
+        // What a peer recovering from this index meanwhile would read.
+        let mid = listed(&copy.dump_events());
+        assert!(mid.is_subset(&f.held), "a stand-in leaked: {:?}", mid.difference(&f.held).collect::<Vec<_>>());
+        seen = seen.max(mid.len());
+        copy.apply(e)
+    });
+    assert!(seen > 0);
+    assert_eq!(listed(&copy.dump_events()), f.held);
+}

@@ -15,7 +15,9 @@
 //! hangs under them, held by whoever else the dump says holds them: the
 //! holes the source had. Stand-ins exist only here, while a dump loads
 //! (peer recovery and snapshot restore run with the ready gate closed),
-//! and never in a dump. An orphan whose anchor is not a block at the anchor's position,
+//! and never in a dump: the index keeps their names while they live, and
+//! a dump taken meanwhile (a peer recovering from this daemon while it
+//! recovers) leaves them out. An orphan whose anchor is not a block at the anchor's position,
 //! or whose stand-ins cannot all be stored (depth, the shared cap), is not
 //! applied at all and counts as refused for an unknown parent: a miss,
 //! never a block placed where the worker does not hold it.
@@ -183,6 +185,7 @@ impl Loader<'_> {
             _ => None,
         };
         let stand_ins: Vec<u64> = orphan.missing.iter().map(|_| self.stand_in(worker)).collect();
+        self.index.stand_ins.lock().name(worker, tier, &stand_ins);
         if !stand_ins.is_empty() {
             let chain = stand_ins
                 .iter()
@@ -209,7 +212,8 @@ impl Loader<'_> {
         let Some(tiers) = self.pending.remove(&worker) else { return };
         for (tier, hashes) in tiers.into_iter().enumerate() {
             if !hashes.is_empty() {
-                self.index.apply(&Event::removed(worker, StorageTier::ALL[tier], hashes));
+                self.index.apply(&Event::removed(worker, StorageTier::ALL[tier], hashes.clone()));
+                self.index.stand_ins.lock().forget(worker, tier, &hashes);
             }
         }
     }

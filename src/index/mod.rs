@@ -174,6 +174,9 @@ pub struct Index {
     tree: Mutex<Tree>,
     /// Worker slots; each worker's state has a lock of its own.
     workers: RwLock<Workers>,
+    /// Stand-ins a dump being loaded holds for a while (see `load`);
+    /// `dump_events` leaves them out.
+    stand_ins: Mutex<dump::StandIns>,
 }
 
 thread_local! {
@@ -198,6 +201,7 @@ impl Index {
             },
             tree: Mutex::new(Tree::default()),
             workers: RwLock::new(Workers::default()),
+            stand_ins: Mutex::new(dump::StandIns::default()),
         }
     }
 
@@ -320,13 +324,15 @@ impl Index {
     /// parents first (see `dump`); `load_dump` rebuilds the index from them.
     /// Each worker's events are one state of that worker.
     pub fn dump_events(&self) -> Vec<DumpEvent> {
+        // Held throughout: a loader names its stand-ins here before it stores them.
+        let stand_ins = self.stand_ins.lock();
         let cells = self.workers.read().cells();
         let mut events = Vec::new();
         for cell in cells {
             let st = cell.lock();
             if let Some(st) = st.as_ref() {
                 let tree = self.tree.lock();
-                events.extend(dump::dump_worker(&tree, &self.shared, st));
+                events.extend(dump::dump_worker(&tree, &self.shared, st, &stand_ins));
             }
         }
         events
