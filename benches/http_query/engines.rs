@@ -27,6 +27,7 @@ pub const SUBSCRIBE_WAIT_MS: u64 = 30_000;
 pub enum Medium {
     Gpu,
     Cpu,
+    Disk,
 }
 
 impl Medium {
@@ -34,6 +35,7 @@ impl Medium {
         match self {
             Medium::Gpu => "GPU",
             Medium::Cpu => "CPU",
+            Medium::Disk => "DISK",
         }
     }
 }
