@@ -19,7 +19,7 @@ use support::fake_peer::{dump_of, Failure, FakePeer};
 use support::fault_engine::{rounds, Engine, MODEL};
 use support::fault_proxy::Faults;
 use support::publisher::{Encoding, PublisherConfig};
-use support::truth_check::{assert_exact, dump_facts, report};
+use support::truth_check::{assert_exact, dump_facts, dump_list, report, truth_orphans};
 use support::wait_until;
 
 const FAULTS: Faults = Faults::new(10, 5, 5);
@@ -80,8 +80,12 @@ fn a_restarted_daemon_recovers_from_its_peer_and_converges_with_it() {
 
     let mut b = start_recovering(&[&a.base], &engines);
     assert!(b.wait_logged(&format!("recovered from peer {}", a.base)), "{:?}", b.log());
-    // No batch reached it yet: what it holds came from the peer, in full.
+    // No batch reached it yet: what it holds came from the peer, in full,
+    // orphans (blocks whose parent their worker no longer holds) included.
     assert_eq!(dump_facts(&b), dump_facts(&a), "the recovered state is the peer's");
+    let orphans = truth_orphans(&engines);
+    assert!(!orphans.is_empty(), "the engines hold orphans, so their recovery is checked");
+    assert_eq!(dump_list(&b).orphans, orphans, "each orphan is placed where it hangs");
 
     for _ in 0..rounds() {
         run_faulty(&mut engines, 60, &[&a, &b]);
