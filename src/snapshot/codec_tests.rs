@@ -264,3 +264,19 @@ fn every_limit_is_the_daemon_s_own() {
         }
     }
 }
+
+#[test]
+fn an_orphan_whose_positions_do_not_add_up_is_refused() {
+    let w = WorkerId::new(9, 1);
+    let b = StoredBlock { engine_hash: 5, local_hash: 6 };
+    for orphan in [
+        Orphan { position: 1, anchor: None, missing: vec![] },
+        Orphan { position: 2, anchor: Some(3), missing: vec![7, 8] },
+        Orphan { position: 3, anchor: None, missing: vec![7] },
+    ] {
+        let mut s = sample();
+        s.indexes[1].events =
+            vec![DumpEvent { event: Event::stored(w, StorageTier::Device, Some(4), vec![b]), orphan: Some(orphan) }];
+        assert!(matches!(decode(&encode(&s)), Err(SnapshotError::Malformed { .. })));
+    }
+}

@@ -5,7 +5,8 @@
 //! and reads it back at startup before anything else is applied.
 //!
 //! What a snapshot holds (`Snapshot`): per (model, tenant) index its block
-//! size and the events that rebuild it (`Index::dump_events`); every
+//! size and its dump (`Index::dump_events`, loaded back by
+//! `Index::load_dump`, as a peer's dump is); every
 //! registration (instance, dp rank, endpoints, model, tenant, block size)
 //! with its listener's sequence watermark. The watermark is what makes the
 //! restart exact rather than merely warm: seeded back into ingest, the
@@ -49,8 +50,8 @@ pub struct SavedRegistration {
     pub last_seq: Option<u64>,
 }
 
-/// One (model, tenant) index as saved: its block size and the events that
-/// rebuild it, as a `/dump` entry holds them.
+/// One (model, tenant) index as saved: its block size and the blocks each
+/// worker holds, as a `/dump` entry holds them.
 pub type SavedIndex = DumpEntry;
 
 /// A daemon's state at one moment.
