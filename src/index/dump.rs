@@ -76,9 +76,11 @@ pub struct Orphan {
 }
 
 impl Orphan {
-    /// Position of the anchor; None for the root.
+    /// Position of the anchor; None for the root (or positions that do not
+    /// add up, see `is_consistent`).
     pub fn anchor_position(&self) -> Option<u32> {
-        self.anchor.map(|_| self.position - 1 - self.missing.len() as u32)
+        self.anchor?;
+        self.position.checked_sub(1)?.checked_sub(u32::try_from(self.missing.len()).ok()?)
     }
 
     /// Whether the positions add up: an anchor lies above the missing
