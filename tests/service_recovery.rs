@@ -48,7 +48,7 @@ fn a_second_daemon_recovers_an_identical_dump_from_its_peer() {
     p.publish(vec![host]);
     p.publish(vec![TestEvent::Removed { tier: StorageTier::Device, hashes: vec![hashes[5]] }]);
     let expected_blocks = 5 + 2;
-    assert!(wait_until(|| facts(&a.get_json("/dump").1).len() == expected_blocks), "{}", a.get("/dump").1);
+    assert!(wait_until(|| facts(&a.dump()).len() == expected_blocks), "{}", a.get("/dump").1);
 
     let peers = a.base.clone();
     let b = Daemon::start(&[
@@ -63,16 +63,16 @@ fn a_second_daemon_recovers_an_identical_dump_from_its_peer() {
     ]);
     assert!(wait_until(|| b.get("/health").0 == 200), "ready after recovery");
     assert!(p.wait_subscribed(2));
-    let (fa, fb) = (facts(&a.get_json("/dump").1), facts(&b.get_json("/dump").1));
+    let (fa, fb) = (facts(&a.dump()), facts(&b.dump()));
     assert_eq!(fa, fb, "recovered dump equals the peer's");
     // The model name with colons round-trips through the dump's explicit fields.
-    assert!(b.get_json("/dump").1.get("m:with:colons:default").is_some());
+    assert!(b.dump().get("m:with:colons:default").is_some());
 
     // Both follow live events from here.
     let more = p.new_store(StorageTier::Device, Some(hashes[4]), 3);
     p.publish(vec![more]);
-    assert!(wait_until(|| facts(&a.get_json("/dump").1).len() == expected_blocks + 3));
-    assert!(wait_until(|| facts(&b.get_json("/dump").1) == facts(&a.get_json("/dump").1)));
+    assert!(wait_until(|| facts(&a.dump()).len() == expected_blocks + 3));
+    assert!(wait_until(|| facts(&b.dump()) == facts(&a.dump())));
     let (status, _) = b.post_json("/register_peer", json!({"url": "http://127.0.0.1:9/"}));
     assert_eq!(status, 201);
     let (_, peers) = b.get_json("/peers");

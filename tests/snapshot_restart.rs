@@ -47,7 +47,7 @@ fn history(p: &mut TestPublisher, batches: usize) {
 }
 
 fn dump(d: &Daemon) -> Value {
-    d.get_json("/dump").1
+    d.dump()
 }
 
 fn same(held: &snapshot_support::Tiers, truth: &TruthTiers) -> bool {

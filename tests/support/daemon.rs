@@ -149,6 +149,19 @@ impl Daemon {
         let (status, text) = self.get(path);
         (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} answered non-JSON {text:?}: {e}")))
     }
+
+    /// `/dump`, asked again while it answers 503: a test that polls it may
+    /// still be reading its last reply when it asks again, and a daemon
+    /// builds or sends at most two dumps at once.
+    pub fn dump(&self) -> serde_json::Value {
+        let mut reply = (0, serde_json::Value::Null);
+        let answered = super::wait_until(|| {
+            reply = self.get_json("/dump");
+            reply.0 != 503
+        });
+        assert!(answered && reply.0 == 200, "/dump answered {}: {}", reply.0, reply.1);
+        reply.1
+    }
 }
 
 impl Drop for Daemon {
