@@ -57,7 +57,7 @@ pub fn apply_dump(registry: &Registry, entries: &[DumpEntry], out: &mut Recovere
             }
         };
         out.indexes += 1;
-        let loaded = handle.index.load_dump(&entry.events, |e| handle.apply(e));
+        let loaded = handle.load(&entry.events);
         out.events += loaded.events;
         out.blocks_stored += loaded.blocks_stored;
         out.blocks_refused += loaded.blocks_refused;

@@ -128,21 +128,51 @@ impl IndexHandle {
         outcome
     }
 
+    /// Loads a dump (a peer's or a snapshot's) into the index, each event
+    /// counted and its bookings confirmed as a live one's would be.
+    pub fn load(&self, events: &[crate::index::DumpEvent]) -> crate::index::Loaded {
+        let mut noted = Noted::new(self);
+        let loaded = self.index.load_dump(events, |e, o| noted.note(e, o));
+        noted.finish();
+        loaded
+    }
+
     /// Applies events in order: the index, then their worker's bookings and
     /// the counters; `seen` gets each outcome.
     fn apply_each(&self, events: &[Event], mut seen: impl FnMut(&ApplyOutcome)) {
-        let mut shed = 0u32;
-        let now_ms = (!self.predictions.is_empty()).then(crate::predict::now_ms);
+        let mut noted = Noted::new(self);
         self.index.apply_all(events, |e, o| {
-            if let Some(now_ms) = now_ms {
-                self.predictions.on_event(e, o, now_ms);
-            }
-            self.counters.add(&e.kind, o);
-            shed = shed.saturating_add(o.shed);
+            noted.note(e, o);
             seen(o);
         });
-        if shed > 0 {
-            self.shed_log.note(shed, &self.budget);
+        noted.finish();
+    }
+}
+
+/// What applied events leave beside the index: their worker's bookings,
+/// the counters, and one line for what the shared cap shed.
+struct Noted<'a> {
+    handle: &'a IndexHandle,
+    now_ms: Option<u64>,
+    shed: u32,
+}
+
+impl<'a> Noted<'a> {
+    fn new(handle: &'a IndexHandle) -> Self {
+        Noted { handle, now_ms: (!handle.predictions.is_empty()).then(crate::predict::now_ms), shed: 0 }
+    }
+
+    fn note(&mut self, e: &Event, o: &ApplyOutcome) {
+        if let Some(now_ms) = self.now_ms {
+            self.handle.predictions.on_event(e, o, now_ms);
+        }
+        self.handle.counters.add(&e.kind, o);
+        self.shed = self.shed.saturating_add(o.shed);
+    }
+
+    fn finish(self) {
+        if self.shed > 0 {
+            self.handle.shed_log.note(self.shed, &self.handle.budget);
         }
     }
 }

@@ -94,29 +94,6 @@ impl Orphan {
     }
 }
 
-/// Stand-ins stored for a dump being loaded (see `load`), by (worker,
-/// tier, hash): named here before they are stored and until they are
-/// removed, so a dump taken meanwhile (a peer recovering from this one)
-/// leaves them out.
-#[derive(Default)]
-pub(crate) struct StandIns(FxHashSet<(WorkerId, usize, u64)>);
-
-impl StandIns {
-    pub(crate) fn name(&mut self, worker: WorkerId, tier: usize, hashes: &[u64]) {
-        self.0.extend(hashes.iter().map(|&h| (worker, tier, h)));
-    }
-
-    pub(crate) fn forget(&mut self, worker: WorkerId, tier: usize, hashes: &[u64]) {
-        for &h in hashes {
-            self.0.remove(&(worker, tier, h));
-        }
-    }
-
-    fn holds(&self, worker: WorkerId, tier: usize, hash: u64) -> bool {
-        !self.0.is_empty() && self.0.contains(&(worker, tier, hash))
-    }
-}
-
 /// What a receiver will know of one worker while applying its events.
 #[derive(Default)]
 struct Known {
@@ -198,17 +175,14 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// The events that say which blocks one worker holds (the stand-ins of a
-/// dump being loaded aside).
-pub(crate) fn dump_worker(tree: &Tree, shared: &Shared, state: &WorkerState, stand_ins: &StandIns) -> Vec<DumpEvent> {
+/// The events that say which blocks one worker holds.
+pub(crate) fn dump_worker(tree: &Tree, shared: &Shared, state: &WorkerState) -> Vec<DumpEvent> {
     let mut blocks: Vec<(u32, usize, u64, u32)> = Vec::new();
     let mut used: FxHashSet<u64> = FxHashSet::default();
     for (tier, records) in state.records.iter().enumerate() {
         for (hash, id) in records.iter() {
             used.insert(hash);
-            if !stand_ins.holds(state.id, tier, hash) {
-                blocks.push((tree.position(shared, id), tier, hash, id));
-            }
+            blocks.push((tree.position(shared, id), tier, hash, id));
         }
     }
     // Parents first; device first within a position so lower tiers can hang off it.

@@ -174,9 +174,6 @@ pub struct Index {
     tree: Mutex<Tree>,
     /// Worker slots; each worker's state has a lock of its own.
     workers: RwLock<Workers>,
-    /// Stand-ins a dump being loaded holds for a while (see `load`);
-    /// `dump_events` leaves them out.
-    stand_ins: Mutex<dump::StandIns>,
 }
 
 thread_local! {
@@ -201,7 +198,6 @@ impl Index {
             },
             tree: Mutex::new(Tree::default()),
             workers: RwLock::new(Workers::default()),
-            stand_ins: Mutex::new(dump::StandIns::default()),
         }
     }
 
@@ -239,7 +235,8 @@ impl Index {
         match &event.kind {
             EventKind::Stored { parent, blocks } => {
                 let done = self.with_worker(event.worker, true, |st| {
-                    writer::store(&ctx, st, event.tier, *parent, blocks, &mut out)
+                    let above = parent.map_or(writer::Above::Root, writer::Above::Hash);
+                    writer::store(&ctx, st, event.tier, above, &[], blocks, &mut out)
                 });
                 if done.is_none() {
                     out.rejected = blocks.len() as u32;
@@ -269,6 +266,29 @@ impl Index {
             let o = self.apply(e);
             seen(e, &o);
         }
+    }
+
+    /// Stores `blocks` for `worker` under `above`, after blocks of local
+    /// hashes `unheld` that go on the path but are not held (a dump's
+    /// orphan under its missing ancestors; see `load`).
+    fn store_under(
+        &self,
+        worker: WorkerId,
+        tier: StorageTier,
+        above: writer::Above,
+        unheld: &[u64],
+        blocks: &[crate::event::StoredBlock],
+    ) -> ApplyOutcome {
+        let guard = crossbeam::epoch::pin();
+        let mut out = ApplyOutcome::default();
+        let ctx = self.ctx();
+        let done = self.with_worker(worker, true, |st| writer::store(&ctx, st, tier, above, unheld, blocks, &mut out));
+        if done.is_none() {
+            out.rejected = blocks.len() as u32;
+        }
+        drop(guard);
+        reclaim::after_write();
+        out
     }
 
     /// Keeps in `engine_hashes` only those `worker` holds in `tier`.
@@ -324,15 +344,13 @@ impl Index {
     /// parents first (see `dump`); `load_dump` rebuilds the index from them.
     /// Each worker's events are one state of that worker.
     pub fn dump_events(&self) -> Vec<DumpEvent> {
-        // Held throughout: a loader names its stand-ins here before it stores them.
-        let stand_ins = self.stand_ins.lock();
         let cells = self.workers.read().cells();
         let mut events = Vec::new();
         for cell in cells {
             let st = cell.lock();
             if let Some(st) = st.as_ref() {
                 let tree = self.tree.lock();
-                events.extend(dump::dump_worker(&tree, &self.shared, st, &stand_ins));
+                events.extend(dump::dump_worker(&tree, &self.shared, st));
             }
         }
         events

@@ -245,6 +245,38 @@ fn a_long_store_naming_a_hash_twice_keeps_its_path_while_others_trim() {
     assert!(k >= 3, "the store has open points ({k})");
 }
 
+/// A dump's orphan placed under its missing ancestors (as a load does):
+/// at no point of the store is any of them credited to the worker.
+#[test]
+fn an_orphans_missing_ancestors_are_never_credited() {
+    let (p0, x1, x2, b3) = (700, 701, 702, 703);
+    let wk = w(1);
+    let setup = |ix: &Index| {
+        ix.apply(&Event::stored(wk, DEV, None, blocks(&[(1, p0)])));
+    };
+    let q = [p0, x1, x2, b3];
+    for k in 0.. {
+        let ix = index();
+        setup(&ix);
+        let (other, answer) = query(&ix, &q);
+        let above = writer::Above::Ancestor { hash: 1, position: 0 };
+        let (o, reached) = interleave(
+            || ix.store_under(wk, DEV, above, &[x1, x2], &blocks(&[(4, b3)])),
+            vec![(k, Point::Locked, other)],
+        );
+        if k >= reached.points {
+            assert!(k > 3, "the store has points to stop at ({k})");
+            break;
+        }
+        assert_eq!((o.stored, o.duplicate), (1, 0), "only the orphan's own block is counted");
+        let got = answer.lock().take().expect("ran");
+        assert!(dev(&got, wk) <= 1, "point {k}: credited {}", dev(&got, wk));
+        assert_eq!(dev(&ix.find_matches(&q), wk), 1, "a hole at positions 1 and 2");
+        assert_eq!(ix.stats().pairs, 2);
+        ix.check_consistency();
+    }
+}
+
 /// Lower tiers: W moves a block from the device to host memory (removes it
 /// from one tier, stores it in the other) while a query runs: the host
 /// depth it is credited is one it held at one instant.

@@ -196,7 +196,7 @@ fn dump_rebuilds_an_identical_index() {
     ix.apply(&Event::stored(WorkerId::new(2, 1), DEV, None, blocks(&[(9, 11), (8, 12)])));
     ix.apply(&Event::removed(w(1), DEV, vec![2])); // 13 becomes unreachable
     let copy = index();
-    let loaded = copy.load_dump(&ix.dump_events(), |e| copy.apply(e));
+    let loaded = copy.load_dump(&ix.dump_events(), |_, _| {});
     assert_eq!((loaded.blocks_refused, loaded.orphans), (0, 1), "13 hangs under a hole");
     for q in [vec![11, 12, 13, 14], vec![11, 22], vec![11, 12]] {
         assert_eq!(ix.find_matches(&q), copy.find_matches(&q), "query {q:?}");

@@ -543,6 +543,17 @@ impl Tree {
         shared.budget.release_entries(len as u64);
     }
 
+    /// The ancestor of block `id` at `position` (`id` itself if it lies
+    /// there); None when `id` lies above it.
+    pub(crate) fn ancestor_at(&self, shared: &Shared, mut id: u32, position: u32) -> Option<u32> {
+        let mut at = self.position(shared, id);
+        while at > position {
+            id = self.parent_of(shared, id);
+            at -= 1;
+        }
+        (at == position && id != NIL).then_some(id)
+    }
+
     /// Whether block `id` is the last of its run.
     pub(crate) fn is_tail(&self, shared: &Shared, id: u32) -> bool {
         let (run, off) = self.locate(id);

@@ -15,7 +15,8 @@
 //! the parent's run when the parent is its last block, else as a new run.
 //! An event that names one engine hash twice leaves what two stores cut
 //! before the repeat would: the later block is what the hash names, and
-//! the earlier one is on the path but not held. A remove clears the worker's bits (a range at a time) and trims the runs
+//! the earlier one is on the path but not held (as a dump's orphan's
+//! missing ancestors are, placed by the same store). A remove clears the worker's bits (a range at a time) and trims the runs
 //! it touched (`tree`).
 //!
 //! Readers rely on one rule (see `query`): every change of a worker's bits
@@ -315,36 +316,57 @@ fn claim(st: &mut WorkerState, tier: usize, blocks: &[StoredBlock]) -> Claims {
 struct Path {
     parent: Option<Place>,
     pos: u32,
+    /// The chains of the unheld blocks, then of the store's.
     chains: Vec<u64>,
+    /// How many blocks at the front are on the path but not held.
+    unheld: usize,
 }
 
 impl Path {
-    fn new(tree: &Tree, shared: &Shared, parent: Option<u32>, blocks: &[StoredBlock]) -> Path {
+    fn new(tree: &Tree, shared: &Shared, parent: Option<u32>, unheld: &[u64], blocks: &[StoredBlock]) -> Path {
         let (parent, pos, mut chain) = match parent {
             None => (None, 0, None),
             Some(p) => (Some(tree.place(p)), tree.position(shared, p) + 1, Some(tree.chain(shared, p))),
         };
-        let chains = blocks
-            .iter()
+        let locals = unheld.iter().copied().chain(blocks.iter().map(|b| b.local_hash));
+        let chains = locals
             .enumerate()
-            .map(|(k, b)| {
-                let c = chain.map_or(b.local_hash, |pc| chain::next(pc, b.local_hash, pos + k as u32));
+            .map(|(k, local)| {
+                let c = chain.map_or(local, |pc| chain::next(pc, local, pos + k as u32));
                 chain = Some(c);
                 c
             })
             .collect();
-        Path { parent, pos, chains }
+        Path { parent, pos, chains, unheld: unheld.len() }
     }
 
-    /// Whether `old` is the very block the store names at `k` (the engine
-    /// stored it again), not other content under a reused hash.
+    /// Whether `old` is the very block the store names as its `k`th (the
+    /// engine stored it again), not other content under a reused hash.
     fn names(&self, tree: &Tree, shared: &Shared, k: usize, old: u32) -> bool {
+        let k = self.unheld + k;
         tree.chain(shared, old) == self.chains[k] && tree.position(shared, old) == self.pos + k as u32
     }
 }
 
-/// Applies a Stored event. Every block ends in exactly one outcome: a
-/// refused block refuses every block after it, for the same reason.
+/// Where a store hangs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Above {
+    /// At the root.
+    Root,
+    /// Under the block the worker names by this hash, resolved as a
+    /// parent hash is (`parent_block`).
+    Hash(u64),
+    /// Under the ancestor at `position` of the block the worker names by
+    /// `hash` (that block itself if it lies there): where a dump's orphan
+    /// hangs.
+    Ancestor { hash: u64, position: u32 },
+}
+
+/// Applies a Stored event (`unheld` empty), or places an orphan of a dump:
+/// the blocks whose local hashes are `unheld` first, on the path but held
+/// by nobody new, then `blocks`. Every block of `blocks` ends in exactly
+/// one outcome: a refused block refuses every block after it, for the
+/// same reason.
 ///
 /// Phases: claim the hashes in the records; under the tree lock, release
 /// the blocks whose hashes the engine reused for other content (bits only
@@ -355,26 +377,30 @@ pub(crate) fn store(
     ctx: &Ctx,
     st: &mut WorkerState,
     tier: StorageTier,
-    parent: Option<u64>,
+    above: Above,
+    unheld: &[u64],
     blocks: &[StoredBlock],
     out: &mut ApplyOutcome,
 ) {
     let shared = ctx.shared;
     let tier = tier as usize;
-    let parent_id = match parent {
-        None => None,
-        Some(h) => match parent_block(st, tier, h) {
-            Some(p) => Some(p),
-            None => return Refusal::UnknownParent.count(out, blocks.len()),
-        },
+    let parent_id = match above {
+        Above::Root => None,
+        Above::Hash(h) => parent_block(st, tier, h),
+        Above::Ancestor { hash, position } => {
+            parent_block(st, tier, hash).and_then(|b| ctx.lock().ancestor_at(shared, b, position))
+        }
     };
+    if parent_id.is_none() && !matches!(above, Above::Root) {
+        return Refusal::UnknownParent.count(out, blocks.len());
+    }
     let claims = claim(st, tier, blocks);
-    let mut ids: Vec<u32> = Vec::with_capacity(blocks.len());
+    let mut ids: Vec<u32> = Vec::with_capacity(unheld.len() + blocks.len());
     let mut again = vec![false; blocks.len()];
     super::pause::open();
     {
         let mut guard = ctx.lock();
-        let path = Path::new(&guard, shared, parent_id, blocks);
+        let path = Path::new(&guard, shared, parent_id, unheld, blocks);
         let mut touched = Vec::new();
         let mut released = Delta::default();
         let mut window = None;
@@ -395,7 +421,7 @@ pub(crate) fn store(
         trim_all(&mut guard, shared, touched);
     }
     super::pause::open();
-    settle(st, tier, blocks, &claims, &again, &ids);
+    settle(st, tier, blocks, &claims, &again, &ids[unheld.len().min(ids.len())..]);
 }
 
 /// The worker no longer names block `old` by one of its hashes: its bit
@@ -423,9 +449,28 @@ fn release(
 /// What `place` needs to know of each block of a store.
 struct Placing<'a> {
     path: &'a Path,
-    /// The block is the one its hash named already.
+    /// Per block of the store, whether it is the one its hash named already.
     again: &'a [bool],
     claims: &'a Claims,
+}
+
+impl Placing<'_> {
+    /// Whether the `k`th block placed (unheld ones first) is held.
+    fn holds(&self, k: usize) -> bool {
+        k >= self.path.unheld && !self.claims.superseded[k - self.path.unheld]
+    }
+
+    /// The block the `k`th block's hash named already, if it is the same.
+    fn again(&self, k: usize) -> Option<u32> {
+        let j = k.checked_sub(self.path.unheld)?;
+        self.again[j].then(|| self.claims.previous[j])
+    }
+
+    /// Of the blocks placed `a..b`, how many are the store's own (counted
+    /// in its outcome; the unheld in front are not).
+    fn counted(&self, a: usize, b: usize) -> u32 {
+        (b.max(self.path.unheld) - a.max(self.path.unheld)) as u32
+    }
 }
 
 /// Places a store's blocks in the tree, in windows that only set the
@@ -449,7 +494,6 @@ fn place(
     let (group, bit) = split(st.slot);
     let holder = Holder { tier, group, bit };
     let n = how.path.chains.len();
-    let superseded = &how.claims.superseded;
     let mut window = Window::open(st, Way::Add);
     let mut piece_end = PIECE_BLOCKS;
     let (mut cur, mut pos) = (how.path.parent, how.path.pos);
@@ -460,7 +504,7 @@ fn place(
     let mut refused = None;
     while ids.len() < n {
         let k = ids.len();
-        if k >= piece_end && !superseded[k - 1] {
+        if k >= piece_end && how.holds(k - 1) {
             // A piece done: a query waiting for the worker may look now,
             // and other writers may take the tree lock (not while the last
             // block placed is one the worker does not hold: their trims
@@ -477,10 +521,10 @@ fn place(
             refused = Some(Refusal::Depth);
             break;
         }
-        if how.again[k] {
+        if let Some(old) = how.again(k) {
             out.duplicate += 1;
-            ids.push(how.claims.previous[k]);
-            (cur, pos) = (Some(tree.place(how.claims.previous[k])), pos + 1);
+            ids.push(old);
+            (cur, pos) = (Some(tree.place(old)), pos + 1);
             continue;
         }
         let Some(at) = tree.next(shared, cur, pos, how.path.chains[k]) else {
@@ -488,16 +532,16 @@ fn place(
             // one go, a stretch of blocks held (or not) alike at a time.
             marks.flush(tree, shared);
             held = None;
-            let hold = !superseded[k];
+            let hold = how.holds(k);
             let limit = piece_end.max(k + 1).min(n);
-            let m = superseded[k..limit].iter().position(|&s| s == hold).unwrap_or(limit - k);
+            let m = (k..limit).position(|j| how.holds(j) != hold).unwrap_or(limit - k);
             let who = Holder { bit: if hold { bit } else { 0 }, ..holder };
             let parent = cur.map_or(NIL, |p| p.id);
             refused = create(tree, shared, who, parent, pos, &how.path.chains[k..k + m], ids, &mut delta);
             if hold {
-                out.stored += (ids.len() - k) as u32;
+                out.stored += how.counted(k, ids.len());
             } else {
-                out.duplicate += (ids.len() - k) as u32;
+                out.duplicate += how.counted(k, ids.len());
                 touched.extend(ids.last().map(|&id| tree.locate(id).0));
             }
             if refused.is_some() {
@@ -507,9 +551,10 @@ fn place(
             pos += m as u32;
             continue;
         };
-        if superseded[k] {
-            // Named again later in the event: on the path, not held.
-            out.duplicate += 1;
+        if !how.holds(k) {
+            // Named again later in the event, or above an orphan: on the
+            // path, not held.
+            out.duplicate += how.counted(k, k + 1);
         } else if Held::at(&mut held, tree, shared, holder, at) {
             // Held already under another engine hash: an alias.
             *st.aliases.entry((tier as u8, at.id)).or_insert(0) += 1;
@@ -529,7 +574,7 @@ fn place(
     drop(window);
     delta.apply(shared, tier);
     if let Some(why) = refused {
-        why.count(out, n - ids.len());
+        why.count(out, how.counted(ids.len(), n) as usize);
     }
 }
 

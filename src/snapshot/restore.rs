@@ -186,7 +186,7 @@ pub fn restore(registry: &Registry, plan: Plan) -> Result<Restored, String> {
             }
         };
         out.indexes += 1;
-        handle.index.load_dump(&ix.events, |e| handle.apply(e));
+        handle.load(&ix.events);
         out.pairs += ix.pairs();
     }
     for (worker, last, extra) in &plan.watermarks {
