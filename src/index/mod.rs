@@ -407,4 +407,6 @@ impl Drop for Index {
 #[cfg(test)]
 mod race_tests;
 #[cfg(test)]
+mod sched_tests;
+#[cfg(test)]
 mod tests;

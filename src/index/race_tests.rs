@@ -362,22 +362,53 @@ impl Op {
 /// chunks collide), every tier, with stores (new hashes, hashes reused for
 /// other content, several blocks), removes anywhere (holes), clears and
 /// workers leaving.
-fn random_script(rng: &mut Rng, len: usize) -> Vec<Op> {
+fn random_script(rng: &mut Rng, len: usize) -> Script {
     let workers = [w(1), w(2), w(3)];
     let mut used: Vec<Vec<u64>> = vec![Vec::new(); 3];
+    // Per worker, each hash's path of local hashes from the root.
+    let mut paths: Vec<std::collections::HashMap<u64, Vec<u64>>> = vec![Default::default(); 3];
+    let mut parent_of: Vec<std::collections::HashMap<u64, u64>> = vec![Default::default(); 3];
+    let mut prefixes = Vec::new();
     let mut next_hash = 0u64;
     let mut ops = Vec::new();
-    for _ in 0..len {
-        let k = rng.below(3) as usize;
+    let mut k = 0;
+    while ops.len() < len {
+        // Mostly the same worker as the step before: the steps a query
+        // straddles are then often one worker's remove and store.
+        if rng.below(5) < 2 {
+            k = rng.below(3) as usize;
+        }
         let wk = workers[k];
         let tier = if rng.below(4) == 0 { StorageTier::ALL[1 + rng.below(3) as usize] } else { DEV };
         let roll = rng.below(100);
+        let deep: Vec<u64> = used[k].iter().copied().filter(|h| parent_of[k].contains_key(h)).collect();
+        if roll < 12 && !deep.is_empty() {
+            // A hole, then a store past it: remove a block's parent, then
+            // extend the block.
+            let h = deep[rng.below(deep.len() as u64) as usize];
+            ops.push(Op::Apply(Event::removed(wk, DEV, vec![parent_of[k][&h]])));
+            next_hash += 1;
+            let local_hash = 1 + rng.below(3);
+            if let Some(mut p) = paths[k].get(&h).cloned() {
+                p.push(local_hash);
+                prefixes.push(p);
+            }
+            ops.push(Op::Apply(Event::stored(
+                wk,
+                DEV,
+                Some(h),
+                vec![StoredBlock { engine_hash: next_hash, local_hash }],
+            )));
+            continue;
+        }
         let op = if roll < 60 || used[k].is_empty() {
             let parent = if used[k].is_empty() || rng.below(4) == 0 {
                 None
             } else {
                 Some(used[k][rng.below(used[k].len() as u64) as usize])
             };
+            let mut path = parent.map_or(Some(Vec::new()), |p| paths[k].get(&p).cloned());
+            let mut above = parent;
             let n = 1 + rng.below(4);
             let bl: Vec<StoredBlock> = (0..n)
                 .map(|_| {
@@ -388,7 +419,17 @@ fn random_script(rng: &mut Rng, len: usize) -> Vec<Op> {
                         used[k].push(next_hash);
                         next_hash
                     };
-                    StoredBlock { engine_hash, local_hash: 1 + rng.below(3) }
+                    let local_hash = 1 + rng.below(3);
+                    if let Some(p) = above {
+                        parent_of[k].insert(engine_hash, p);
+                    }
+                    above = Some(engine_hash);
+                    if let Some(p) = &mut path {
+                        p.push(local_hash);
+                        paths[k].insert(engine_hash, p.clone());
+                        prefixes.push(p.clone());
+                    }
+                    StoredBlock { engine_hash, local_hash }
                 })
                 .collect();
             Op::Apply(Event::stored(wk, tier, parent, bl))
@@ -402,7 +443,29 @@ fn random_script(rng: &mut Rng, len: usize) -> Vec<Op> {
         };
         ops.push(op);
     }
-    ops
+    Script { ops, prefixes }
+}
+
+/// A random script and the prefixes its stores name.
+struct Script {
+    ops: Vec<Op>,
+    prefixes: Vec<Vec<u64>>,
+}
+
+impl Script {
+    /// A query: mostly a prefix a store named, often one block longer, so
+    /// queries follow the paths holes and extensions were made on.
+    fn query(&self, rng: &mut Rng) -> Vec<u64> {
+        let mut q = if self.prefixes.is_empty() || rng.below(5) == 0 {
+            (0..1 + rng.below(5)).map(|_| 1 + rng.below(3)).collect()
+        } else {
+            self.prefixes[rng.below(self.prefixes.len() as u64) as usize].clone()
+        };
+        if rng.below(2) == 0 {
+            q.push(1 + rng.below(3));
+        }
+        q
+    }
 }
 
 /// Every worker's depths after `ops`, applied one at a time to a new index
@@ -445,12 +508,13 @@ fn random_steps_at_every_point_never_over_report() {
     let mut checks = 0u64;
     for seed in 1..=seeds {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-        let ops = random_script(&mut rng, 30);
+        let script = random_script(&mut rng, 30);
+        let ops = &script.ops;
         if std::env::var_os("KV_INDEXER_RACE_TRACE").is_some() {
             ops.iter().enumerate().for_each(|(i, op)| eprintln!("seed {seed} step {i}: {op:?}"));
         }
         for i in 0..ops.len() {
-            let q: Vec<u64> = (0..1 + rng.below(5)).map(|_| 1 + rng.below(3)).collect();
+            let q = script.query(&mut rng);
             let states: Vec<Vec<WorkerMatch>> = (i..=(i + 2).min(ops.len())).map(|n| oracle(&ops[..n], &q)).collect();
             let touched: Vec<WorkerId> = ops[i..(i + 2).min(ops.len())].iter().map(Op::worker).collect();
             // The writer stopped at each point of step i.
@@ -501,4 +565,244 @@ fn random_steps_at_every_point_never_over_report() {
         }
     }
     assert!(checks > 1000, "{checks} interleavings checked");
+}
+
+/// a tail W alone held is cut (its bits stay past the new end)
+/// and V appends other content there, reusing the freed chunk, while a
+/// query holds the run's old length and members: the old members pair W's
+/// bits with V's chains. Only the run's cut count tells the walk to look
+/// again; W held 16 of this path before and after, never 20.
+#[test]
+fn a_cut_then_an_append_under_an_old_length_is_walked_again() {
+    let a = |i: u64| 7_000 + i;
+    let b = |i: u64| 8_000 + i;
+    let (wk, v) = (w(1), w(2));
+    // The query follows a0..a15 then b16..b19 (V's new blocks).
+    let q: Vec<u64> = (0..16).map(a).chain((16..20).map(b)).collect();
+    let mut checked = 0;
+    for k in 0.. {
+        let ix = index();
+        ix.apply(&Event::stored(wk, DEV, None, blocks(&(0..20).map(|i| (i + 1, a(i))).collect::<Vec<_>>())));
+        // Slots 1..=63 go to others, so V sits in the second group: the
+        // first walk then settles W's group by its summary words alone.
+        for f in 0..63 {
+            ix.apply(&Event::stored(w(1000 + f), DEV, None, blocks(&[(1, 9_999)])));
+        }
+        ix.apply(&Event::stored(v, DEV, None, blocks(&(0..16).map(|i| (100 + i + 1, a(i))).collect::<Vec<_>>())));
+        assert_eq!((dev(&ix.find_matches(&q), wk), dev(&ix.find_matches(&q), v)), (16, 16));
+        let x = ix.clone();
+        let events: Other = Box::new(move || {
+            // W lets go of its tail a16..a19 (only W holds it: a cut).
+            x.apply(&Event::removed(wk, DEV, vec![17, 18, 19, 20]));
+            // V extends its a15 with b16..b19: appended where W's tail was.
+            x.apply(&Event::stored(v, DEV, Some(116), blocks(&(16..20).map(|i| (200 + i, b(i))).collect::<Vec<_>>())));
+        });
+        let (m, reached) = interleave(|| ix.find_matches_unlocked(&q), vec![(k, Point::Open, events)]);
+        if k >= reached.open {
+            break;
+        }
+        checked += 1;
+        assert!(dev(&m, wk) <= 16, "open point {k}: W credited {} blocks, held 16 then 16", dev(&m, wk));
+        ix.check_consistency();
+    }
+    assert!(checked >= 2, "{checked}");
+}
+
+/// three phases. `first` runs on this thread; at its `k`-th pause
+/// point a query starts on another thread and runs to its `j`-th open
+/// point, where it waits; `first` runs to its end, then `then`, then the
+/// query finishes. So a query can start inside an event and straddle the
+/// rest of it and the next one.
+fn straddle(
+    ix: &Arc<Index>,
+    q: &[u64],
+    k: usize,
+    j: usize,
+    first: impl FnOnce(),
+    then: impl FnOnce(),
+) -> Option<(Matches, bool)> {
+    use std::sync::mpsc;
+    let (to_main, from_query) = mpsc::channel::<bool>();
+    let (to_query, from_main) = mpsc::channel::<()>();
+    let from_main = Arc::new(parking_lot::Mutex::new(from_main));
+    let mut handle = None;
+    let mut pending = Some((ix.clone(), q.to_vec(), to_main, from_main));
+    let mut seen = 0usize;
+    let started = pause::with_hook(
+        move |_p| {
+            let now = seen;
+            seen += 1;
+            if now == k {
+                let (ix, q, to_main, from_main) = pending.take().expect("once");
+                let h = std::thread::spawn(move || {
+                    let mut opens = 0usize;
+                    let tm = to_main.clone();
+                    let fm = from_main.clone();
+                    let m = pause::with_hook(
+                        move |p| {
+                            if p == Point::Open {
+                                if opens == j {
+                                    tm.send(true).unwrap();
+                                    fm.lock().recv().unwrap();
+                                }
+                                opens += 1;
+                            }
+                        },
+                        || ix.find_matches_unlocked(&q),
+                    );
+                    // Never stopped: the query ended first.
+                    let _ = to_main.send(false);
+                    m
+                });
+                HANDLE.with(|c| *c.borrow_mut() = Some(h));
+                // Wait until the query stops (or ends).
+                let stopped = from_query.recv().unwrap_or(false);
+                STOPPED.with(|c| c.set(stopped));
+            }
+        },
+        || {
+            first();
+            true
+        },
+    );
+    let _ = started;
+    HANDLE.with(|c| handle = c.borrow_mut().take());
+    let h = handle?;
+    let stopped = STOPPED.with(|c| c.get());
+    then();
+    let _ = to_query.send(());
+    Some((h.join().expect("query"), stopped))
+}
+
+thread_local! {
+    static STOPPED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static HANDLE: std::cell::RefCell<Option<std::thread::JoinHandle<Matches>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// the query takes the run's view while W's remove is inside the
+/// cut (between the new length and the new cut count, whichever comes
+/// first), then W's remove ends and V appends other content where W's tail
+/// was. W held 16 of this path before and after, never 20.
+#[test]
+fn a_view_taken_inside_a_cut_is_walked_again() {
+    let a = |i: u64| 7_000 + i;
+    let b = |i: u64| 8_000 + i;
+    let (wk, v) = (w(1), w(2));
+    let q: Vec<u64> = (0..16).map(a).chain((16..20).map(b)).collect();
+    let setup = || {
+        let ix = index();
+        ix.apply(&Event::stored(wk, DEV, None, blocks(&(0..20).map(|i| (i + 1, a(i))).collect::<Vec<_>>())));
+        for f in 0..63 {
+            ix.apply(&Event::stored(w(1000 + f), DEV, None, blocks(&[(1, 9_999)])));
+        }
+        ix.apply(&Event::stored(v, DEV, None, blocks(&(0..16).map(|i| (100 + i + 1, a(i))).collect::<Vec<_>>())));
+        ix
+    };
+    let mut checked = 0;
+    for k in 0..64 {
+        for j in 0..12 {
+            let ix = setup();
+            let (x, y) = (ix.clone(), ix.clone());
+            let m = straddle(
+                &ix,
+                &q,
+                k,
+                j,
+                move || {
+                    x.apply(&Event::removed(wk, DEV, vec![17, 18, 19, 20]));
+                },
+                move || {
+                    y.apply(&Event::stored(
+                        v,
+                        DEV,
+                        Some(116),
+                        blocks(&(16..20).map(|i| (200 + i, b(i))).collect::<Vec<_>>()),
+                    ));
+                },
+            );
+            let Some((m, _)) = m else { continue };
+            checked += 1;
+            assert!(dev(&m, wk) <= 16, "points {k}, {j}: W credited {} blocks, held 16 then 16", dev(&m, wk));
+            ix.check_consistency();
+        }
+    }
+    assert!(checked > 10, "{checked}");
+}
+
+/// random scripts; a query starts at every point of step i, stops
+/// at every open point of its walk while step i ends and step i + 1 runs.
+#[test]
+fn random_steps_straddled_never_over_report() {
+    let seeds: u64 = std::env::var("KV_INDEXER_RACE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let mut checks = 0u64;
+    for seed in 1..=seeds {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let script = random_script(&mut rng, 30);
+        let ops = &script.ops;
+        for i in 0..ops.len() - 1 {
+            let q = script.query(&mut rng);
+            let states: Vec<Vec<WorkerMatch>> = (i..=i + 2).map(|n| oracle(&ops[..n], &q)).collect();
+            let touched: Vec<WorkerId> = ops[i..i + 2].iter().map(Op::worker).collect();
+            for k in 0.. {
+                let mut reached = false;
+                for j in 0.. {
+                    let ix = index();
+                    ops[..i].iter().for_each(|op| op.run(&ix));
+                    let (x, y) = (ix.clone(), ix.clone());
+                    let (a, b) = (ops[i].clone(), ops[i + 1].clone());
+                    let r = straddle(&ix, &q, k, j, move || a.run(&x), move || b.run(&y));
+                    let Some((m, stopped)) = r else { break };
+                    reached = true;
+                    check_bracket(&m, &states, &touched, &format!("seed {seed} step {i} points {k}, {j}"));
+                    checks += 1;
+                    if !stopped {
+                        break;
+                    }
+                }
+                if !reached {
+                    break;
+                }
+            }
+        }
+    }
+    assert!(checks > 100, "{checks}");
+}
+
+/// a query starts while W leaves (its slot still named W in the
+/// query's table), W's slot goes to V, who stores a deeper prefix, and the
+/// query walks on: V's bits in the slot are never W's answer.
+#[test]
+fn a_slot_given_away_mid_query_never_answers_for_the_old_worker() {
+    let a = |i: u64| 6_000 + i;
+    let (wk, v) = (w(1), w(2));
+    let q: Vec<u64> = (0..20).map(a).collect();
+    let mut checked = 0;
+    for k in 0..16 {
+        for j in 0..12 {
+            let ix = index();
+            ix.apply(&Event::stored(wk, DEV, None, blocks(&(0..4).map(|i| (i + 1, a(i))).collect::<Vec<_>>())));
+            let (x, y) = (ix.clone(), ix.clone());
+            let r = straddle(
+                &ix,
+                &q,
+                k,
+                j,
+                move || {
+                    x.remove_worker(wk);
+                },
+                move || {
+                    y.apply(&Event::stored(
+                        v,
+                        DEV,
+                        None,
+                        blocks(&(0..20).map(|i| (100 + i, a(i))).collect::<Vec<_>>()),
+                    ));
+                },
+            );
+            let Some((m, _)) = r else { continue };
+            checked += 1;
+            assert!(dev(&m, wk) <= 4, "points {k}, {j}: W credited {} blocks, held 4 then left", dev(&m, wk));
+        }
+    }
+    assert!(checked > 5, "{checked}");
 }
