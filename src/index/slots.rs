@@ -5,7 +5,9 @@
 //! these slots. The writer publishes an immutable slot table on every
 //! change (copy on write, reclaimed through epochs), so a query reads a
 //! consistent table without taking a lock. A slot is only recycled after
-//! every bit it owned has been cleared.
+//! every bit it owned inside a run's length has been cleared (bits a tail
+//! cut left past a run's end may stay: no reader looks there, and an
+//! append by another worker clears them first).
 
 use super::reclaim;
 use crate::event::WorkerId;

@@ -37,7 +37,7 @@ use super::workers::{Window, WorkerState};
 use super::ApplyOutcome;
 use crate::event::{StorageTier, StoredBlock};
 use parking_lot::{Mutex, MutexGuard};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::sync::atomic::Ordering;
 
 const DEVICE: usize = StorageTier::Device as usize;
@@ -402,20 +402,26 @@ pub(crate) fn store(
         let mut guard = ctx.lock();
         let path = Path::new(&guard, shared, parent_id, unheld, blocks);
         let mut touched = Vec::new();
-        let mut released = Delta::default();
-        let mut window = None;
+        // Blocks whose hashes the engine reused: their bits go unless
+        // another hash still names them.
+        let mut gone: Vec<(u32, u32)> = Vec::new();
         for (k, &old) in claims.previous.iter().enumerate() {
             if old == NIL || claims.superseded[k] {
                 continue;
             }
             again[k] = path.names(&guard, shared, k, old);
-            if !again[k] {
-                window.get_or_insert_with(|| Window::open(st, Way::Remove));
-                release(&mut guard, shared, st, tier, old, &mut released, &mut touched);
+            if !again[k] && !release_alias(st, tier, old) {
+                gone.push(guard.locate(old));
             }
         }
-        drop(window);
-        released.apply(shared, tier);
+        if !gone.is_empty() {
+            let window = Window::open(st, Way::Remove);
+            let (group, bit) = split(st.slot);
+            // Not cut: the store may still need these blocks as parents.
+            let dropped = clear_ranges(&mut guard, shared, Holder { tier, group, bit }, gone, false, &mut touched);
+            drop(window);
+            Delta { added: 0, dropped }.apply(shared, tier);
+        }
         let how = Placing { path: &path, again: &again, claims: &claims };
         place(&mut guard, shared, st, tier, &how, &mut ids, &mut touched, out);
         trim_all(&mut guard, shared, touched);
@@ -424,26 +430,39 @@ pub(crate) fn store(
     settle(st, tier, blocks, &claims, &again, &ids[unheld.len().min(ids.len())..]);
 }
 
-/// The worker no longer names block `old` by one of its hashes: its bit
-/// goes unless another hash still names the block. The run is trimmed
-/// later (`touched`): the store may still need the block as a parent.
-fn release(
+/// Clears the holder's bit on the blocks at `places` (run, offset), a
+/// range of consecutive offsets at a time; with `cut`, a tail nobody else
+/// holds is cut off instead (`Tree::let_go`). Returns how many blocks it
+/// cleared; the runs go into `touched`, to be trimmed.
+fn clear_ranges(
     tree: &mut Tree,
     shared: &Shared,
-    st: &mut WorkerState,
-    tier: usize,
-    old: u32,
-    delta: &mut Delta,
+    who: Holder,
+    mut places: Vec<(u32, u32)>,
+    cut: bool,
     touched: &mut Vec<u32>,
-) {
-    if release_alias(st, tier, old) {
-        return;
+) -> u64 {
+    places.sort_unstable();
+    places.dedup();
+    let mut i = 0;
+    while i < places.len() {
+        let (run, a) = places[i];
+        let mut b = a + 1;
+        while i + 1 < places.len() && places[i + 1] == (run, b) {
+            b += 1;
+            i += 1;
+        }
+        if cut {
+            tree.let_go(shared, run, who, a, b);
+        } else {
+            tree.mark(shared, run, who, a, b, false);
+        }
+        if touched.last() != Some(&run) {
+            touched.push(run);
+        }
+        i += 1;
     }
-    let (group, bit) = split(st.slot);
-    let (run, off) = tree.locate(old);
-    tree.mark(shared, run, Holder { tier, group, bit }, off, off + 1, false);
-    touched.push(run);
-    delta.dropped += 1;
+    places.len() as u64
 }
 
 /// What `place` needs to know of each block of a store.
@@ -736,24 +755,10 @@ pub(crate) fn clear(ctx: &Ctx, st: &mut WorkerState) -> u64 {
     let mut tree = ctx.lock();
     let tree = &mut *tree;
     let window = Window::open(st, Way::Remove);
-    let mut touched: FxHashSet<u32> = FxHashSet::default();
+    let mut touched = Vec::new();
     for (tier, records) in taken.iter().enumerate() {
-        let mut places: Vec<(u32, u32)> = records.iter().map(|&(_, id)| tree.locate(id)).collect();
-        places.sort_unstable();
-        places.dedup();
-        let mut i = 0;
-        while i < places.len() {
-            let (run, a) = places[i];
-            let mut b = a + 1;
-            while i + 1 < places.len() && places[i + 1] == (run, b) {
-                b += 1;
-                i += 1;
-            }
-            tree.let_go(shared, run, Holder { tier, group, bit }, a, b);
-            touched.insert(run);
-            i += 1;
-        }
-        let n = places.len() as u64;
+        let places: Vec<(u32, u32)> = records.iter().map(|&(_, id)| tree.locate(id)).collect();
+        let n = clear_ranges(tree, shared, Holder { tier, group, bit }, places, true, &mut touched);
         shared.tier_pairs[tier].fetch_sub(n, Ordering::Relaxed);
         dropped += n;
     }
