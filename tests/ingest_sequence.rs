@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kv_indexer::ingest::{Ingest, IngestConfig};
 use kv_indexer::{StorageTier, WorkerId};
-use support::harness::{assert_converges, assert_no_stale, settle, spec_for, test_config};
+use support::harness::{assert_converges, assert_no_stale, settle, spec_for, test_config, wait_connected};
 use support::model_sink::ModelSink;
 use support::publisher::{Encoding, HashForm, PublisherConfig, ReplyForm, TestEvent, TestPublisher};
 use support::wait_until;
@@ -21,7 +21,7 @@ fn setup(cfg: PublisherConfig, worker: WorkerId) -> (Ingest, TestPublisher, Arc<
     let mut publisher = TestPublisher::new(cfg);
     let sink = Arc::new(ModelSink::new());
     ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
-    assert!(publisher.wait_subscribed(1), "listener never subscribed");
+    wait_connected(&mut publisher, 1, 1);
     (ingest, publisher, sink)
 }
 
@@ -128,7 +128,8 @@ fn a_gap_older_than_the_buffer_is_a_partial_replay_and_a_resync() {
     assert!(!sink.holds(worker, DEVICE, hashes[0]), "evicted block kept");
     assert_no_stale(&sink, worker, &publisher);
     let c = ingest.counters();
-    assert_eq!(publisher.replay_requests(), vec![1]);
+    // The gap's replay, after any fill asked for on connecting (from 0).
+    assert_eq!(publisher.replay_requests().last(), Some(&1));
     assert_eq!((c.batches_lost, c.resyncs, c.batches_replayed), (13, 1, 7));
 
     publisher.publish(vec![TestEvent::Cleared]);
@@ -137,22 +138,29 @@ fn a_gap_older_than_the_buffer_is_a_partial_replay_and_a_resync() {
 }
 
 #[test]
-fn a_late_listener_replays_from_zero() {
+fn a_late_listener_fills_from_the_ring_of_an_idle_engine() {
     let worker = WorkerId::new(4, 0);
     let ingest = Ingest::start(test_config()).unwrap();
     let mut publisher =
         TestPublisher::new(PublisherConfig { encoding: Encoding::Positional, ..PublisherConfig::default() });
-    // Published before anyone subscribed: only the replay ring has them.
+    // Published before anyone subscribed: only the replay ring has them,
+    // and the engine stays idle: no live batch shows what is missing.
     publisher.publish_random(15);
     let sink = Arc::new(ModelSink::new());
     ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert_converges(&sink, worker, &publisher);
+    assert_eq!(publisher.replay_requests(), vec![0]);
+    let c = ingest.counters();
+    assert_eq!((c.ring_fills, c.batches_filled, c.batches_missed_at_join), (1, 15, 0));
+    assert_eq!((c.replays_started, c.gaps_detected, c.resyncs), (0, 0, 0));
+
+    // The live stream goes on from where the ring ended.
     assert!(publisher.wait_subscribed(1));
     publisher.publish_random(5);
     settle(&ingest, worker, &publisher);
     assert_converges(&sink, worker, &publisher);
-    assert_eq!(publisher.replay_requests(), vec![0]);
     let c = ingest.counters();
-    assert_eq!((c.replays_ok, c.batches_replayed, c.batches_missed_at_join), (1, 15, 0));
+    assert_eq!((c.batches_applied, c.duplicates_dropped, c.replays_started), (20, 0, 0));
 }
 
 #[test]
@@ -180,14 +188,17 @@ fn the_watermark_survives_unregister_and_register() {
     assert_converges(&sink, worker, &publisher);
     let id = ingest.listener_for(worker).unwrap();
     ingest.remove_listener(id).unwrap();
-    // Published while unregistered: nobody receives them.
+    // Published while unregistered: nobody receives them, and the engine
+    // goes idle. The new listener fills from just past the kept watermark.
     publisher.publish_random(3);
     ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert_converges(&sink, worker, &publisher);
+    assert_eq!(publisher.replay_requests(), vec![0, 5]);
+    assert!(wait_until(|| ingest.counters().batches_filled == 3));
     assert!(publisher.wait_subscribed(2));
     publisher.publish_random(2);
     assert_converges(&sink, worker, &publisher);
-    assert_eq!(publisher.replay_requests(), vec![5]);
-    assert_eq!(ingest.counters().restarts, 0);
+    assert_eq!((ingest.counters().restarts, ingest.counters().resyncs), (0, 0));
 }
 
 #[test]

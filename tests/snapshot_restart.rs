@@ -122,7 +122,8 @@ fn batches_published_while_down_are_replayed_from_the_saved_watermark() {
     assert!(p.wait_subscribed(2));
     p.publish_random(1);
     assert!(converges(&b, KEY, 1, 0, &p));
-    assert_eq!(p.replay_requests(), vec![watermark + 1], "replayed from just past the saved watermark");
+    // The first daemon's fill on connecting asked from 0, if it asked.
+    assert_eq!(p.replay_requests().last(), Some(&(watermark + 1)), "replayed from just past the saved watermark");
 }
 
 #[test]

@@ -1,7 +1,11 @@
 //! What a SUB socket's monitor says about its connection (TCP up, ZMQ
 //! handshake done or failed, lost, retrying), turned into the listener's
-//! status and `last_error`, and into the one fact its sequencer needs: the
-//! socket connected again after an earlier connection.
+//! status and `last_error`, and into the facts its listener needs: whether
+//! the publisher is reachable now (a handshake succeeded and the connection
+//! has not dropped since: ring fills go by it), and
+//! whether the socket connected again after an earlier connection (its
+//! sequencer's rules go by that). A dead host that sent no reset is a
+//! dropped connection too, once ZMTP heartbeats time out (`open_sub`).
 
 use std::time::Duration;
 
@@ -15,6 +19,8 @@ pub(crate) struct Connection {
     ever_connected: bool,
     /// TCP connected, ZMQ handshake not done yet.
     handshaking: bool,
+    /// A handshake succeeded and the connection has not dropped since.
+    up: bool,
     /// Connection failures: the first at once, then one line per
     /// `CONNECT_LOG_INTERVAL_MS` while the endpoint stays unreachable.
     log: LogLimiter,
@@ -25,6 +31,8 @@ pub(crate) struct Connection {
 pub(crate) struct MonitorRead {
     /// A handshake succeeded after an earlier connection.
     pub reconnected: bool,
+    /// A handshake succeeded (the connection may have dropped again since).
+    pub came_up: bool,
     /// The read stopped at the burst cap: events may be left.
     pub more: bool,
 }
@@ -34,8 +42,14 @@ impl Connection {
         Connection {
             ever_connected: false,
             handshaking: false,
+            up: false,
             log: LogLimiter::every(Duration::from_millis(CONNECT_LOG_INTERVAL_MS)),
         }
+    }
+
+    /// Whether the publisher is reachable: handshake done, not dropped since.
+    pub(crate) fn is_up(&self) -> bool {
+        self.up
     }
 
     /// Reads the events queued on `monitor` (at most `RECV_BURST_MAX`).
@@ -50,6 +64,7 @@ impl Connection {
             };
             let event = u16::from_ne_bytes([head[0], head[1]]);
             let value = u32::from_ne_bytes([head[2], head[3], head[4], head[5]]);
+            read.came_up |= event == zmq::SocketEvent::HANDSHAKE_SUCCEEDED.to_raw();
             read.reconnected |= self.on_event(event, value, endpoint, shared);
         }
         read.more = true;
@@ -66,6 +81,7 @@ impl Connection {
             crate::debug!("listener of {endpoint}: TCP connected, ZMQ handshake under way");
         } else if event == E::HANDSHAKE_SUCCEEDED.to_raw() {
             self.handshaking = false;
+            self.up = true;
             // A later outage is news again: its first failure is logged at once.
             self.log.reset();
             shared.set_connected();
@@ -73,6 +89,7 @@ impl Connection {
             // sequencer already treats a kept watermark as crossed by one.
             return std::mem::replace(&mut self.ever_connected, true);
         } else if event == E::DISCONNECTED.to_raw() {
+            self.up = false;
             if std::mem::take(&mut self.handshaking) {
                 shared.set_failed(format!(
                     "{endpoint} closed the connection during the ZMQ handshake; is it the engine's KV event PUB socket?"

@@ -65,6 +65,12 @@ counters! {
     batches_lost,
     /// Batches a listener missed before its first one (joined mid-stream, no replay).
     batches_missed_at_join,
+    /// Ring fills asked for: a listener connected (or its stream was reset)
+    /// and asked its engine's ring for everything past its watermark.
+    ring_fills,
+    /// Batches recovered by ring fills and applied.
+    batches_filled,
+
     /// Publisher restarts detected (the workers were cleared).
     restarts,
     /// Workers cleared after a gap that could not be replayed.

@@ -123,6 +123,13 @@ struct Listener {
     /// the held queue empties.
     held_dropping: bool,
     replay: Option<ReplayRun>,
+    /// A ring fill is due once the publisher is reachable and the ready
+    /// gate open: set when the listener starts and when its stream was reset
+    /// for want of its engine; dropped once a fill, a gap's replay or a live
+    /// batch in order has taken the stream on from its watermark.
+    fill_pending: bool,
+    /// The connection came back while a fill ran: fill again (see `refill`).
+    refill: bool,
     conn: Connection,
     /// The monitor was read short of `EAGAIN` (at its burst cap): look again.
     monitor_more: bool,
@@ -177,6 +184,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             }
             if t.gate_open.load(Ordering::Acquire) {
                 for l in ls.values_mut() {
+                    l.start_fill_if_due(&t);
                     l.drain_held(&t);
                     if l.replay.is_some() && !replaying.contains(&l.id.0) {
                         replaying.push(l.id.0);
@@ -224,6 +232,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             if std::mem::take(&mut l.monitor_more) {
                 hot.push(token(l.id, MONITOR));
             }
+            l.after_read(&t);
             if l.replay.is_some() && !replaying.contains(&id) {
                 replaying.push(id);
             }
@@ -264,25 +273,26 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut 
             ranks.extend(ranks_written.into_iter().filter(|&r| r != spec.worker.dp_rank));
             let (held, replay, conn, log, gap_log) =
                 (VecDeque::new(), None, Connection::new(), LogLimiter::default(), LogLimiter::default());
-            ls.insert(
-                id.0,
-                Listener {
-                    id,
-                    spec,
-                    sub,
-                    monitor,
-                    shared,
-                    seq,
-                    ranks,
-                    held,
-                    held_dropping: false,
-                    replay,
-                    conn,
-                    monitor_more: false,
-                    log,
-                    gap_log,
-                },
-            );
+            let fill_pending = spec.replay_endpoint.is_some();
+            let l = Listener {
+                id,
+                spec,
+                sub,
+                monitor,
+                shared,
+                seq,
+                ranks,
+                held,
+                held_dropping: false,
+                replay,
+                fill_pending,
+                refill: false,
+                conn,
+                monitor_more: false,
+                log,
+                gap_log,
+            };
+            ls.insert(id.0, l);
         }
         Control::Remove { id, done } => {
             let removed = match ls.remove(&id.0) {
@@ -307,8 +317,72 @@ impl Listener {
         let read = self.conn.read(&self.monitor, &self.spec.endpoint, &self.shared);
         if read.reconnected {
             self.seq.note_connected();
+            // What a fill applied may be of a process that is gone now.
+            self.refill |= self.replay.as_ref().is_some_and(|run| run.fill);
         }
         read.more
+    }
+
+    /// What a round's read may have made due: a refill after a reconnect,
+    /// a ring fill now that the publisher is reachable.
+    fn after_read(&mut self, t: &ThreadCtx) {
+        if std::mem::take(&mut self.refill) && self.replay.as_ref().is_some_and(|run| run.fill) {
+            // Replies of the old connection may still come, and the old
+            // connection's held batches may be a dead process's: start over.
+            crate::info!(
+                "listener {}: reconnected during its ring fill; clearing and filling again",
+                self.shared.label
+            );
+            if self.seq.last().is_some() {
+                t.bump(&t.counters.resyncs, 1);
+            }
+            self.forget_stream(t);
+        }
+        self.start_fill_if_due(t);
+    }
+
+    /// Asks the publisher's ring for everything past the watermark, if a
+    /// fill is due, the publisher reachable, the gate open and no replay runs.
+    fn start_fill_if_due(&mut self, t: &ThreadCtx) {
+        if !self.fill_pending || !self.conn.is_up() || self.replay.is_some() || !t.gate_open.load(Ordering::Acquire) {
+            return;
+        }
+        self.fill_pending = false;
+        let Some(endpoint) = self.spec.replay_endpoint.as_deref() else {
+            return;
+        };
+        let last = self.seq.last();
+        let from = last.map_or(0, |last| last + 1);
+        // Live batches held while the gate was closed: the first past the
+        // watermark bounds the fill (the live stream has it and what follows).
+        let to = self.held.iter().map(|b| b.seq).find(|&seq| last.is_none_or(|last| seq > last));
+        if to == Some(from) {
+            return;
+        }
+        t.bump(&t.counters.ring_fills, 1);
+        let (timeout_ms, batches_max) = (t.cfg.replay_timeout_ms, t.cfg.replay_batches_max);
+        match ReplayRun::start(&t.ctx, endpoint, true, (from, to), timeout_ms, batches_max) {
+            Ok(run) => {
+                crate::debug!("asked {endpoint} for its ring from batch {from}");
+                self.replay = Some(run);
+            }
+            Err(e) => {
+                self.shared.set_error(e.clone());
+                self.log.warn(|| e);
+            }
+        }
+    }
+
+    /// Clears the workers and starts the stream over: no replay, nothing
+    /// held, no watermark, a fill due.
+    fn forget_stream(&mut self, t: &ThreadCtx) {
+        if self.replay.take().is_some_and(|run| !run.fill) {
+            t.bump(&t.counters.replays_failed, 1);
+        }
+        while self.pop_held(t).is_some() {}
+        self.clear_workers(t);
+        self.seq.reset();
+        self.fill_pending = self.spec.replay_endpoint.is_some();
     }
 
     /// Reads live batches; true if it stopped at the burst cap.
@@ -351,9 +425,23 @@ impl Listener {
 
     fn on_live(&mut self, t: &ThreadCtx, batch: Batch) {
         let gate_open = t.gate_open.load(Ordering::Acquire);
+        // A fill due (the gate just opened, say) asks before this batch is
+        // judged, so the batch bounds it rather than starting a replay.
+        self.start_fill_if_due(t);
+        let last = self.seq.last();
+        let bound = self.replay.as_mut().is_some_and(|run| run.bound_by_live(batch.seq, last));
         if self.replay.is_some() || !gate_open || !self.held.is_empty() {
-            self.hold(t, batch);
-            if gate_open {
+            if bound {
+                // Kept past the hold limits, as a gap's trigger is: the
+                // fill ends here and the stream goes on from this batch.
+                self.push_held(t, batch, false);
+            } else {
+                self.hold(t, batch);
+            }
+            if self.fill_reached_live() {
+                // Everything the ring could add, the live stream has.
+                self.finish_replay(t);
+            } else if gate_open {
                 self.drain_held(t);
             }
             return;
@@ -415,6 +503,15 @@ impl Listener {
     }
 
     fn sequence_live(&mut self, t: &ThreadCtx, batch: Batch) {
+        if self.seq.covers_filled(batch.seq) {
+            // A ring fill applied it before the live stream delivered it,
+            // unless the socket reconnected meanwhile (which ends the window).
+            self.monitor_more |= self.read_monitor();
+            if self.seq.take_filled_copy(batch.seq) {
+                t.bump(&t.counters.duplicates_dropped, 1);
+                return;
+            }
+        }
         // At most three rounds: a duplicate or a gap is judged again once
         // after a monitor check, and a restart or rejoin resets the
         // sequencer, after which the batch starts a new stream and cannot be
@@ -422,7 +519,11 @@ impl Listener {
         let mut monitor_checked = false;
         for _ in 0..3 {
             match self.seq.judge_live(batch.seq) {
-                Verdict::Apply => return self.apply(t, batch),
+                Verdict::Apply => {
+                    // The stream goes on from its watermark: no fill needed.
+                    self.fill_pending = false;
+                    return self.apply(t, batch, Source::Live);
+                }
                 Verdict::Duplicate | Verdict::Gap { fresh: false, .. } if !monitor_checked => {
                     // A step back is a restart, and a gap a rejoin, if the socket
                     // reconnected: make sure a reconnect already queued on the
@@ -469,7 +570,7 @@ impl Listener {
                         return;
                     }
                     self.give_up(t, from, to, fresh);
-                    return self.apply(t, batch);
+                    return self.apply(t, batch, Source::Live);
                 }
             }
         }
@@ -480,7 +581,10 @@ impl Listener {
         let Some(endpoint) = self.spec.replay_endpoint.as_deref() else {
             return false;
         };
-        match ReplayRun::start(&t.ctx, endpoint, from, to, t.cfg.replay_timeout_ms, t.cfg.replay_batches_max) {
+        // A replay from the watermark takes the place of a pending fill.
+        self.fill_pending = false;
+        let (timeout_ms, batches_max) = (t.cfg.replay_timeout_ms, t.cfg.replay_batches_max);
+        match ReplayRun::start(&t.ctx, endpoint, false, (from, Some(to)), timeout_ms, batches_max) {
             Ok(run) => {
                 t.bump(&t.counters.replays_started, 1);
                 self.replay = Some(run);
@@ -522,7 +626,7 @@ impl Listener {
         self.seq.accept(to - 1);
     }
 
-    fn apply(&mut self, t: &ThreadCtx, batch: Batch) {
+    fn apply(&mut self, t: &ThreadCtx, batch: Batch, source: Source) {
         let seq = batch.seq;
         let rank = batch.dp_rank.unwrap_or(self.spec.worker.dp_rank);
         let events = match batch.events {
@@ -541,7 +645,11 @@ impl Listener {
         if !t.to_shard(worker, msg) {
             return;
         }
-        self.seq.accept(seq);
+        match source {
+            Source::Live => self.seq.accept_live(seq),
+            Source::Replay => self.seq.accept(seq),
+            Source::Fill { from } => self.seq.accept_filled(from, seq),
+        }
     }
 
     /// Records `rank` as one this stream writes to; false past the limit.
@@ -583,6 +691,11 @@ impl Listener {
             run.last_reply = Instant::now();
             let over_budget = run.replies >= t.cfg.replay_batches_max;
             match decoded {
+                // A fill that no live batch bounded ends with the ring.
+                Ok(None) if run.to.is_none() => {
+                    self.finish_replay(t);
+                    return false;
+                }
                 Ok(None) => {
                     self.replay_ended(t);
                     return false;
@@ -603,13 +716,14 @@ impl Listener {
     }
 
     fn on_replayed(&mut self, t: &ThreadCtx, batch: Batch) {
-        let Some(to) = self.replay.as_ref().map(|run| run.to) else {
+        let Some(run) = self.replay.as_ref() else {
             return;
         };
-        if batch.seq >= to {
+        if run.past_end(batch.seq) {
             // Replies come in seq order: everything below `to` has been sent.
             return self.replay_ended(t);
         }
+        let (to, source) = (run.to, if run.fill { Source::Fill { from: run.from } } else { Source::Replay });
         self.note_undecodable(t, &batch);
         match self.seq.judge_replayed(batch.seq) {
             Verdict::Apply => {}
@@ -630,13 +744,21 @@ impl Listener {
                 return t.bump(&t.counters.duplicates_dropped, 1);
             }
         }
-        self.apply(t, batch);
+        let seq = batch.seq;
+        self.apply(t, batch, source);
         if let Some(run) = self.replay.as_mut() {
-            run.applied += 1;
+            run.note_applied(seq);
         }
-        if self.seq.last() == Some(to - 1) {
+        if to.is_some_and(|to| self.seq.last() == Some(to - 1)) {
             self.finish_replay(t);
         }
+    }
+
+    /// Whether a fill has nothing left to add: the live stream has the
+    /// batch after the watermark.
+    fn fill_reached_live(&self) -> bool {
+        let next = self.seq.last().map_or(0, |last| last + 1);
+        self.replay.as_ref().is_some_and(|run| run.fill && run.to.is_some_and(|to| next >= to))
     }
 
     fn check_replay_deadline(&mut self, t: &ThreadCtx) {
@@ -645,7 +767,8 @@ impl Listener {
         };
         if Instant::now() >= run.deadline {
             let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or_default();
-            self.shared.set_error(format!("replay from {endpoint} timed out after {} ms", t.cfg.replay_timeout_ms));
+            let what = if run.fill { "ring fill" } else { "replay" };
+            self.shared.set_error(format!("{what} from {endpoint} timed out after {} ms", t.cfg.replay_timeout_ms));
             self.finish_replay(t);
         } else if run.progressed() && run.last_reply.elapsed() >= Duration::from_millis(REPLAY_IDLE_MS) {
             // Replies flowed, then stopped short: the rest was dropped.
@@ -658,7 +781,8 @@ impl Listener {
     /// that can help; otherwise finish.
     fn replay_ended(&mut self, t: &ThreadCtx) {
         let next = self.seq.last().map_or(0, |last| last + 1);
-        if self.replay.as_ref().is_some_and(|run| next < run.to) && self.retry_replay(t, next) {
+        // A fill no live batch bounded may have lost its tail: ask once more.
+        if self.replay.as_ref().is_some_and(|run| run.to.is_none_or(|to| next < to)) && self.retry_replay(t, next) {
             return;
         }
         self.finish_replay(t);
@@ -693,11 +817,46 @@ impl Listener {
         };
         let mut missing = run.missing;
         let next = self.seq.last().map_or(0, |last| last + 1);
-        if next < run.to {
-            missing += run.to - next;
+        // A fill that a live batch bounded leaves the rest to the live rules:
+        // that batch, judged next, shows a gap like any other, asked for
+        // anew (the ring may have answered before the gap was published).
+        if let Some(to) = run.to.filter(|&to| next < to && !run.fill) {
+            missing += to - next;
             let fresh = self.seq.last().is_none();
-            self.give_up(t, next, run.to, fresh);
+            self.give_up(t, next, to, fresh);
         }
+        if run.fill {
+            self.fill_done(t, &run, missing);
+        } else {
+            self.replay_done(t, &run, missing);
+        }
+        if t.gate_open.load(Ordering::Acquire) {
+            self.drain_held(t);
+        }
+    }
+
+    /// Counts and logs a fill: one line per listener and fill.
+    fn fill_done(&mut self, t: &ThreadCtx, run: &ReplayRun, missing: u64) {
+        t.bump(&t.counters.batches_filled, run.applied);
+        let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or("");
+        let got = match run.applied_seqs {
+            Some((first, last)) => format!("{} batches ({first}..={last})", run.applied),
+            None => "nothing".to_string(),
+        };
+        let asked = match run.to {
+            Some(to) => format!("{}..{to}", run.from),
+            None => format!("{}..", run.from),
+        };
+        let lost = if missing > 0 { format!("; {missing} batches were no longer there") } else { String::new() };
+        let late = if Instant::now() >= run.deadline { "; timed out" } else { "" };
+        crate::info!(
+            "listener {}: filled {got} from its ring {endpoint}, asked for {asked}{lost}{late}",
+            self.shared.label
+        );
+    }
+
+    /// Counts and logs a gap's replay.
+    fn replay_done(&mut self, t: &ThreadCtx, run: &ReplayRun, missing: u64) {
         t.bump(&t.counters.batches_replayed, run.applied);
         let outcome = if missing == 0 {
             &t.counters.replays_ok
@@ -707,7 +866,7 @@ impl Listener {
             &t.counters.replays_failed
         };
         t.bump(outcome, 1);
-        let (from, to, applied) = (run.from, run.to, run.applied);
+        let (from, to, applied) = (run.from, run.to.unwrap_or(run.from), run.applied);
         let (live, endpoint) = (&self.spec.endpoint, self.spec.replay_endpoint.as_deref().unwrap_or(""));
         if missing > 0 {
             self.gap_log.warn(|| format!("replay of {from}..{to} from {endpoint} missed {missing} batches"));
@@ -720,10 +879,18 @@ impl Listener {
                 )
             });
         }
-        if t.gate_open.load(Ordering::Acquire) {
-            self.drain_held(t);
-        }
     }
+}
+
+/// Where an applied batch came from: the sequencer marks each differently.
+#[derive(Copy, Clone)]
+enum Source {
+    Live,
+    Replay,
+    /// A ring fill that asked from `from`.
+    Fill {
+        from: u64,
+    },
 }
 
 /// A watermark for a log line: the seq, or "none" before the first.

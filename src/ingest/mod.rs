@@ -54,6 +54,31 @@
 //! same key left one (watermarks survive remove/add). Its first batch is
 //! applied if `s == 0`; otherwise batches `0..s` are replayed when it can.
 //!
+//! # Ring fill
+//!
+//! An idle engine sends no batch that would show what a new listener
+//! missed, so a listener with a replay endpoint does not wait for one: on
+//! its first good connection (ZMQ handshake done, ready gate open) it asks
+//! the ring for everything past its watermark (from 0 without one, from
+//! `last + 1` with a kept or seeded one). Replies are judged like a
+//! replay's and the listener's live batches are held meanwhile (bounded as
+//! for a replay). The fill ends with the ring's end
+//! marker, or at the first live batch past the watermark: that batch bounds
+//! it (`to`), the live stream has it and everything after, and whatever of
+//! the fill's range is still missing then is left to the live rules (that
+//! batch shows a gap, asked for as any other). A ring that starts later than
+//! asked is a gap like a replay's: missed at join on a fresh stream, a
+//! resync from a watermark. A live batch in order, or a gap's replay, before
+//! the fill starts makes it moot.
+//!
+//! A publisher sends each batch live and keeps it in its ring, so the fill
+//! may apply batches the live stream has yet to deliver. The sequencer keeps
+//! the seqs a fill applied on this connection (`filled`) until the live
+//! stream has delivered or passed them: such a copy is a duplicate even at
+//! seq 0, which would otherwise be a restart. The connection dropping and
+//! coming back while a fill runs may mean another process: the listener
+//! then clears its workers (a resync) and fills again from 0.
+//!
 //! # Restart
 //!
 //! A restarted engine's cache is empty. On a restart the listener sends a

@@ -1,5 +1,9 @@
 //! One replay request in flight: a DEALER socket asking a publisher's ROUTER
 //! for the batches from `from` on, and the bookkeeping to judge the answer.
+//! Two things ask: a gap in the live stream (`from..to`, `to` the batch that
+//! showed the gap), and a ring fill when a listener connects, which asks for
+//! everything the ring holds past the watermark and ends at the ring's end
+//! marker, or at the first live batch past the watermark if one comes first.
 //! The listener thread polls this socket with its SUB sockets, so a slow or
 //! dead replay endpoint costs nothing but its own deadline. An engine sends
 //! its whole buffer at once from a ROUTER socket, which silently drops what
@@ -15,14 +19,20 @@ use super::zmq_context::{ZmqContext, ZmqSocket};
 /// A replay request and what it has delivered so far.
 pub(crate) struct ReplayRun {
     pub socket: ZmqSocket,
-    /// The missing range asked for: `from..to`.
+    /// A ring fill on connecting, not a gap's replay.
+    pub fill: bool,
+    /// The range asked for: `from..to`. A fill's `to` is unknown until a
+    /// live batch past the watermark arrives (its seq); until then the
+    /// ring's end marker ends the fill.
     pub from: u64,
-    pub to: u64,
+    pub to: Option<u64>,
     pub deadline: Instant,
     /// Replies received (bounded by `replay_batches_max`), every request together.
     pub replies: usize,
     /// Batches of `from..to` delivered and applied.
     pub applied: u64,
+    /// The first seq applied and the last (for a fill's log line).
+    pub applied_seqs: Option<(u64, u64)>,
     /// Seqs of `from..to` found missing so far.
     pub missing: u64,
     /// Requests sent again (bounded by `REPLAY_RETRIES_MAX`).
@@ -39,18 +49,20 @@ impl ReplayRun {
     pub(crate) fn start(
         ctx: &ZmqContext,
         endpoint: &str,
-        from: u64,
-        to: u64,
+        fill: bool,
+        (from, to): (u64, Option<u64>),
         timeout_ms: u64,
         batches_max: usize,
     ) -> Result<ReplayRun, String> {
         Ok(ReplayRun {
             socket: request(ctx, endpoint, from, batches_max)?,
+            fill,
             from,
             to,
             deadline: Instant::now() + Duration::from_millis(timeout_ms),
             replies: 0,
             applied: 0,
+            applied_seqs: None,
             missing: 0,
             retries: 0,
             applied_at_request: 0,
@@ -61,6 +73,28 @@ impl ReplayRun {
     /// Whether the current request delivered any batch yet.
     pub(crate) fn progressed(&self) -> bool {
         self.applied > self.applied_at_request
+    }
+
+    /// Counts batch `seq` as delivered and applied.
+    pub(crate) fn note_applied(&mut self, seq: u64) {
+        self.applied += 1;
+        self.applied_seqs = Some(self.applied_seqs.map_or((seq, seq), |(first, _)| (first, seq)));
+    }
+
+    /// Whether `seq` lies past the range asked for.
+    pub(crate) fn past_end(&self, seq: u64) -> bool {
+        self.to.is_some_and(|to| seq >= to)
+    }
+
+    /// A fill's live bound: the first live batch `seq` past the watermark
+    /// `last` ends the fill there (the live stream has it and what follows).
+    /// Returns whether `seq` is the fill's first bound (at most one a fill).
+    pub(crate) fn bound_by_live(&mut self, seq: u64, last: Option<u64>) -> bool {
+        if !self.fill || last.is_some_and(|last| seq <= last) || self.past_end(seq) {
+            return false;
+        }
+        // A later, lower bound (a publisher stepping back) moves `to` down.
+        self.to.replace(seq).is_none()
     }
 
     /// Asks again from `from` on a new socket: replies still in flight for

@@ -5,6 +5,10 @@
 //! A publisher numbers its batches from 0, one counter per process. The
 //! sequencer keeps `last`, the highest seq whose content has been dealt with
 //! (applied, or given up as lost), and whether the socket reconnected since.
+//! A ring fill may apply batches before the live stream delivers them: the
+//! seqs it applied ahead stay marked (`filled`) until the live stream has
+//! delivered or passed them, so their live copies are duplicates, not a
+//! restart at seq 0.
 
 /// What the listener must do with a batch, given its seq.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -43,6 +47,13 @@ pub(crate) struct Sequencer {
     /// A drop of at least this many below the watermark is a restart even
     /// without a reconnect, in case the reconnect went unnoticed.
     restart_seq_drop_min: u64,
+    /// Seqs `lo..=hi` a ring fill applied on this connection that the live
+    /// stream may still deliver (a publisher sends a batch live and keeps it
+    /// in its ring): such a copy is a duplicate whatever its seq. The live
+    /// stream comes in order, so each copy moves `lo` past it; the window
+    /// ends with its last copy, a live batch applied past `hi`, a reconnect
+    /// or a reset.
+    filled: Option<(u64, u64)>,
 }
 
 impl Sequencer {
@@ -55,6 +66,7 @@ impl Sequencer {
             reconnected: last.is_some(),
             rejoined: false,
             restart_seq_drop_min: restart_seq_drop_min.max(1),
+            filled: None,
         }
     }
 
@@ -103,15 +115,50 @@ impl Sequencer {
         self.rejoined = false;
     }
 
+    /// Whether `seq` lies among the live copies a fill left owed.
+    pub(crate) fn covers_filled(&self, seq: u64) -> bool {
+        self.filled.is_some_and(|(lo, hi)| (lo..=hi).contains(&seq))
+    }
+
+    /// Whether live batch `seq` is a copy of one a fill applied (drop it);
+    /// the copies still owed are then those after it.
+    pub(crate) fn take_filled_copy(&mut self, seq: u64) -> bool {
+        let Some((lo, hi)) = self.filled.filter(|&(lo, hi)| (lo..=hi).contains(&seq)) else {
+            return false;
+        };
+        debug_assert!(lo <= seq);
+        self.filled = (seq < hi).then_some((seq + 1, hi));
+        true
+    }
+
+    /// `accept` for a live batch: past what a fill applied ahead, the live
+    /// stream owes no more copies.
+    pub(crate) fn accept_live(&mut self, seq: u64) {
+        if self.filled.is_some_and(|(_, hi)| seq > hi) {
+            self.filled = None;
+        }
+        self.accept(seq);
+    }
+
+    /// `accept` for a batch a ring fill asked from `from` applied.
+    pub(crate) fn accept_filled(&mut self, from: u64, seq: u64) {
+        self.accept(seq);
+        let lo = self.filled.map_or(from, |(lo, _)| lo);
+        self.filled = Some((lo, seq));
+    }
+
     /// Forgets the watermark: the next batch starts a new stream.
     pub(crate) fn reset(&mut self) {
         self.last = None;
         self.reconnected = false;
         self.rejoined = false;
+        self.filled = None;
     }
 
     /// Notes that the socket (re)connected to the publisher.
     pub(crate) fn note_connected(&mut self) {
+        // A new connection owes no copies of what a fill applied on the old one.
+        self.filled = None;
         if self.last.is_some() {
             self.reconnected = true;
             self.rejoined = true;
@@ -222,6 +269,67 @@ mod tests {
         assert_eq!(s.judge_replayed(0), Verdict::Duplicate);
         assert_eq!(s.judge_replayed(10), Verdict::Duplicate);
         assert_eq!(s.judge_replayed(11), Verdict::Apply);
+    }
+
+    #[test]
+    fn live_copies_of_what_a_fill_applied_are_duplicates_even_at_seq_zero() {
+        let mut s = Sequencer::new(None, 1);
+        for seq in 0..=5 {
+            assert_eq!(s.judge_replayed(seq), Verdict::Apply);
+            s.accept_filled(0, seq);
+        }
+        // Every drop is past `restart_seq_drop_min` here, and seq 0 is a
+        // restart anywhere else: the fill's window says otherwise.
+        assert_eq!(s.judge_live(0), Verdict::Restart);
+        for seq in [0, 3] {
+            assert!(s.take_filled_copy(seq), "{seq}");
+        }
+        // The live stream comes in order: after 3, a 0 is no copy.
+        assert!(!s.take_filled_copy(0));
+        assert_eq!(s.judge_live(6), Verdict::Apply);
+        s.accept_live(6);
+        // The live stream passed the window: a step back to 5 is a restart again.
+        assert!(!s.take_filled_copy(5));
+        assert_eq!(s.judge_live(5), Verdict::Restart);
+    }
+
+    #[test]
+    fn the_last_copy_ends_the_fill_window() {
+        let mut s = Sequencer::new(None, WINDOW);
+        (0..=2).for_each(|seq| s.accept_filled(0, seq));
+        assert!(s.covers_filled(0) && s.covers_filled(2) && !s.covers_filled(3));
+        assert!(s.take_filled_copy(2));
+        assert!(!s.covers_filled(0));
+        // The engine restarted on the same connection: seq 0 again.
+        assert!(!s.take_filled_copy(0));
+        assert_eq!(s.judge_live(0), Verdict::Restart);
+    }
+
+    #[test]
+    fn a_fill_from_a_kept_watermark_marks_only_what_it_applied() {
+        let mut s = Sequencer::new(Some(9), WINDOW);
+        assert_eq!(s.judge_replayed(10), Verdict::Apply);
+        s.accept_filled(10, 10);
+        s.accept_filled(10, 11);
+        // Below the fill: the kept watermark's rules (a new connection).
+        assert!(!s.take_filled_copy(9));
+        assert_eq!(s.judge_live(9), Verdict::Duplicate);
+        assert_eq!(s.judge_live(0), Verdict::Restart);
+        assert!(s.take_filled_copy(10));
+    }
+
+    #[test]
+    fn a_reconnect_or_a_reset_ends_the_fill_window() {
+        let mut s = Sequencer::new(None, WINDOW);
+        s.accept_filled(0, 0);
+        s.accept_filled(0, 1);
+        s.note_connected();
+        assert!(!s.take_filled_copy(0));
+        assert_eq!(s.judge_live(0), Verdict::Restart);
+        s.accept_filled(2, 2);
+        s.reset();
+        assert!(!s.take_filled_copy(2));
+        assert_eq!(s.judge_live(0), Verdict::Apply);
     }
 
     #[test]

@@ -69,6 +69,18 @@ pub fn assert_no_stale(sink: &ModelSink, worker: WorkerId, publisher: &TestPubli
     );
 }
 
+/// Waits until `publisher` has `subscriptions` subscribers and, if it has a
+/// ring, `fills` requests in all: a listener asks the ring for what it holds
+/// as soon as it connects. Batches published after that are not in the
+/// fill's answer, so a test's counts (duplicates) do not depend on timing.
+pub fn wait_connected(publisher: &mut TestPublisher, subscriptions: usize, fills: usize) {
+    assert!(publisher.wait_subscribed(subscriptions), "listener never subscribed");
+    if publisher.replay_endpoint.is_some() {
+        let asked = wait_until(|| publisher.replay_requests().len() >= fills);
+        assert!(asked, "listener never asked the ring: {:?}", publisher.replay_requests());
+    }
+}
+
 /// Waits until the listener of `registered` has dealt with everything
 /// `publisher` sent, then until the shards have applied it, so counters
 /// and sink state are final.

@@ -113,6 +113,10 @@ struct Ring {
     capacity: usize,
     requests: Vec<u64>,
     mute: bool,
+    /// Each request gets this many replies at once; the rest of its answer
+    /// (as the ring was then) and the end marker wait until released, as
+    /// replies still in flight do (a slow engine, or a dying one).
+    hold_after: Option<usize>,
 }
 
 /// A test engine's publishing side.
@@ -269,6 +273,13 @@ impl TestPublisher {
     /// Stops answering replay requests.
     pub fn mute_replay(&mut self, mute: bool) {
         self.ring.lock().mute = mute;
+    }
+
+    /// From now on each replay request gets the first `after` of its
+    /// replies at once and the rest (as the ring is now) only on release
+    /// (`None`), which also sends what earlier requests still owe.
+    pub fn hold_replay(&mut self, after: Option<usize>) {
+        self.ring.lock().hold_after = after;
     }
 
     /// Sends the message with `seq` again, same payload.
@@ -701,7 +712,14 @@ fn write_opt_hash(buf: &mut Vec<u8>, hash: Option<u64>, form: HashForm) {
 /// The replay thread: answers `[id, b"", start]` with every buffered batch
 /// from `start` on, then the end marker.
 fn serve_replay(router: zmq::Socket, ring: Arc<Mutex<Ring>>, stop: Arc<AtomicBool>, topic: Vec<u8>, form: ReplyForm) {
+    // Replies held back (`hold_replay`), in order: sent once released.
+    let mut held: Vec<Vec<Vec<u8>>> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
+        if !held.is_empty() && ring.lock().hold_after.is_none() {
+            for reply in held.drain(..) {
+                let _ = router.send_multipart(reply, 0);
+            }
+        }
         if router.poll(zmq::POLLIN, 20).unwrap_or(0) == 0 {
             continue;
         }
@@ -716,28 +734,30 @@ fn serve_replay(router: zmq::Socket, ring: Arc<Mutex<Ring>>, stop: Arc<AtomicBoo
             continue;
         };
         let start = u64::from_be_bytes(start);
-        let batches: Vec<(u64, Vec<u8>)> = {
+        let (batches, hold_after) = {
             let mut ring = ring.lock();
             ring.requests.push(start);
             if ring.mute {
                 continue;
             }
-            ring.batches.iter().filter(|(seq, _)| *seq >= start).cloned().collect()
+            let batches: Vec<(u64, Vec<u8>)> = ring.batches.iter().filter(|(seq, _)| *seq >= start).cloned().collect();
+            (batches, ring.hold_after)
         };
         let reply = |seq: u64, payload: Vec<u8>| -> Vec<Vec<u8>> {
             match form {
-                ReplyForm::ThreeFrames => {
-                    vec![id.clone(), Vec::new(), seq.to_be_bytes().to_vec(), payload]
-                }
+                ReplyForm::ThreeFrames => vec![id.clone(), Vec::new(), seq.to_be_bytes().to_vec(), payload],
                 ReplyForm::FourFrames => {
                     vec![id.clone(), Vec::new(), topic.clone(), seq.to_be_bytes().to_vec(), payload]
                 }
             }
         };
-        for (seq, payload) in batches {
-            let _ = router.send_multipart(reply(seq, payload), 0);
+        let replies = batches.into_iter().map(|(seq, payload)| reply(seq, payload));
+        let mut replies: Vec<Vec<Vec<u8>>> = replies.chain([reply(u64::MAX, Vec::new())]).collect();
+        let now = replies.len().min(hold_after.unwrap_or(usize::MAX));
+        held.extend(replies.split_off(now));
+        for r in replies {
+            let _ = router.send_multipart(r, 0);
         }
-        let _ = router.send_multipart(reply(u64::MAX, Vec::new()), 0);
     }
 }
 

@@ -1,0 +1,125 @@
+//! Ring fills over real ZMQ sockets: a listener asks its engine's ring for
+//! everything it holds as soon as it connects, and the fill races the live
+//! stream under the sequence rules. Every test compares the sink with the
+//! publisher's ground truth.
+
+mod support;
+
+use std::sync::Arc;
+
+use kv_indexer::ingest::{Ingest, ListenerSpec};
+use kv_indexer::{StorageTier, WorkerId};
+use support::fault_proxy::{FaultProxy, Faults};
+use support::harness::{assert_converges, assert_no_stale, settle, spec_for, test_config};
+use support::model_sink::ModelSink;
+use support::publisher::{PublisherConfig, TestEvent, TestPublisher};
+use support::wait_until;
+
+fn start() -> (Ingest, Arc<ModelSink>) {
+    (Ingest::start(test_config()).unwrap(), Arc::new(ModelSink::new()))
+}
+
+#[test]
+fn live_copies_of_what_the_fill_applied_are_duplicates_not_a_restart() {
+    // The live stream reaches the listener only after the ring answered:
+    // its first batch, seq 0, lies far below the watermark the fill left.
+    let worker = WorkerId::new(60, 0);
+    let (ingest, sink) = start();
+    let mut publisher = TestPublisher::new(PublisherConfig { seed: 60, ..PublisherConfig::default() });
+    let proxy = FaultProxy::start(&publisher.endpoint, Faults::NONE, 60);
+    assert!(publisher.wait_subscribed(1));
+    proxy.pause(true);
+    publisher.publish_random(10);
+    let spec = ListenerSpec { endpoint: proxy.endpoint.clone(), ..spec_for(worker, &publisher, &sink) };
+    ingest.add_listener(spec).unwrap();
+    assert_converges(&sink, worker, &publisher);
+    assert!(proxy.wait_subscribed(1));
+    proxy.pause(false);
+    publisher.publish_random(5);
+    settle(&ingest, worker, &publisher);
+    assert_converges(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert_eq!((c.ring_fills, c.batches_filled, c.duplicates_dropped), (1, 10, 10));
+    assert_eq!((c.restarts, c.resyncs, c.gaps_detected, c.batches_applied), (0, 0, 0, 15));
+}
+
+#[test]
+fn a_live_batch_during_the_fill_bounds_it() {
+    let worker = WorkerId::new(61, 0);
+    let (ingest, sink) = start();
+    let mut publisher = TestPublisher::new(PublisherConfig { seed: 61, ..PublisherConfig::default() });
+    publisher.publish_random(10);
+    // A slow ring: the fill is asked, and live batches come before its answer.
+    publisher.hold_replay(Some(0));
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(publisher.wait_subscribed(1));
+    assert!(wait_until(|| publisher.replay_requests() == vec![0]));
+    publisher.publish_random(5);
+    assert!(wait_until(|| ingest.counters().held_batches == 5), "{:?}", ingest.counters());
+    // The ring's answer (0..=9, as it was when asked) arrives now: the fill
+    // takes it, the live stream the rest.
+    publisher.hold_replay(None);
+    settle(&ingest, worker, &publisher);
+    assert_converges(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert_eq!((c.ring_fills, c.batches_filled, c.batches_applied), (1, 10, 15));
+    assert_eq!((c.duplicates_dropped, c.replays_started, c.gaps_detected, c.held_batches), (0, 0, 0, 0));
+}
+
+/// Publishes `n` batches that only store, so every block ever stored is
+/// still held: any of them the sink lists after a restart is stale.
+fn stores_only(publisher: &mut TestPublisher, n: usize) -> Vec<u64> {
+    let mut hashes = Vec::new();
+    for _ in 0..n {
+        let store = publisher.new_store(StorageTier::Device, None, 2);
+        if let TestEvent::Stored { hashes: h, .. } = &store {
+            hashes.extend(h);
+        }
+        publisher.publish(vec![store]);
+    }
+    hashes
+}
+
+#[test]
+fn a_fill_cut_short_by_a_new_process_leaves_nothing_of_the_old_one() {
+    let worker = WorkerId::new(64, 0);
+    let (ingest, sink) = start();
+    let mut publisher = TestPublisher::new(PublisherConfig { seed: 64, ..PublisherConfig::default() });
+    let old = stores_only(&mut publisher, 10);
+    // The old process's answer is still in flight when the listener asks.
+    publisher.hold_replay(Some(0));
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(wait_until(|| publisher.replay_requests() == vec![0]));
+    // A new process binds the port: the listener reconnects mid-fill and
+    // asks the new process's ring, empty then.
+    publisher.restart(true);
+    assert!(publisher.wait_subscribed(1));
+    assert!(wait_until(|| publisher.replay_requests() == vec![0, 0]));
+    // The old process's answer arrives after all, then the new one publishes.
+    publisher.hold_replay(None);
+    publisher.lose_next(1);
+    stores_only(&mut publisher, 4);
+    settle(&ingest, worker, &publisher);
+    assert_converges(&sink, worker, &publisher);
+    assert!(old.iter().all(|&h| !sink.holds(worker, StorageTier::Device, h)), "a block of the old process came back");
+    let c = ingest.counters();
+    assert_eq!((c.ring_fills, c.batches_filled, c.restarts, c.batches_lost), (2, 0, 0, 0));
+}
+
+#[test]
+fn a_ring_that_starts_later_than_asked_fills_what_it_holds_and_nothing_stale() {
+    let worker = WorkerId::new(62, 0);
+    let (ingest, sink) = start();
+    let cfg = PublisherConfig { ring_capacity: Some(8), seed: 62, ..PublisherConfig::default() };
+    let mut publisher = TestPublisher::new(cfg);
+    publisher.publish_random(20);
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    // The ring holds 12..=19: those are applied, 0..12 are missed at join.
+    assert!(wait_until(|| ingest.counters().batches_filled == 8));
+    ingest.sync_shards().unwrap();
+    assert_no_stale(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert_eq!((c.ring_fills, c.batches_missed_at_join), (1, 12));
+    assert_eq!((c.resyncs, c.batches_lost, c.replays_started), (0, 0, 0));
+    assert_eq!(ingest.listener_status()[0].last_seq, Some(19));
+}
