@@ -42,6 +42,8 @@ pub struct Config {
     pub ingest_coalesce_us: Option<u64>,
     /// ZMTP heartbeat interval towards engines, ms; 0: none.
     pub heartbeat_ms: i32,
+    /// Seconds an engine may stay unreachable before its workers are cleared; 0: never.
+    pub engine_gone_s: u64,
     /// Positions per jump of the index search; 0: the index's default.
     pub jump: usize,
     /// Readiness waits until this many workers are registered.
@@ -88,6 +90,7 @@ impl Default for Config {
             replay_timeout_ms: 2_000,
             ingest_coalesce_us: None,
             heartbeat_ms: crate::ingest::HEARTBEAT_MS_DEFAULT,
+            engine_gone_s: crate::ingest::ENGINE_GONE_S_DEFAULT,
             jump: 0,
             min_initial_workers: 0,
             slow_joiner_ms: 1_000,
@@ -147,6 +150,9 @@ OPTIONS:
                            between reads; an event is applied as soon as it is read
   --heartbeat-ms N         ZMTP heartbeat towards each engine every N ms; an engine silent
                            for 3 intervals is dropped and reconnected (default 2500; 0: none)
+  --engine-gone-s N        clear the blocks of an engine unreachable for N s; they refill
+                           from its ring when it is back (default 60; 0: never;
+                           env KV_INDEXER_ENGINE_GONE_S)
   --body-limit-bytes N     largest request body (default 16777216)
   --jump N                 positions per jump of the index search (default 64)
   --min-initial-workers N  /health answers 503 until N workers are registered
@@ -247,6 +253,7 @@ where
         ("KV_INDEXER_LOG_FORMAT", "--log-format"),
         ("KV_INDEXER_ADMIN_TOKEN", "--admin-token"),
         ("KV_INDEXER_WORKERS_FILE", "--workers-file"),
+        ("KV_INDEXER_ENGINE_GONE_S", "--engine-gone-s"),
     ] {
         // A blank variable is unset, but a token is taken as written.
         let set_to = |v: &String| if flag == "--admin-token" { !v.is_empty() } else { !v.trim().is_empty() };
@@ -316,6 +323,7 @@ fn set(
         "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(name, &value()?, 1, 600_000)?,
         "--ingest-coalesce-us" => cfg.ingest_coalesce_us = Some(parse_num(name, &value()?, 0, COALESCE_US_MAX)?),
         "--heartbeat-ms" => cfg.heartbeat_ms = parse_num(name, &value()?, 0, crate::ingest::HEARTBEAT_MS_MAX)?,
+        "--engine-gone-s" => cfg.engine_gone_s = parse_num(name, &value()?, 0, crate::ingest::ENGINE_GONE_S_MAX)?,
         "--body-limit-bytes" => cfg.http.body_limit_bytes = parse_num(name, &value()?, 1024, 1 << 30)?,
         "--jump" => cfg.jump = parse_num(name, &value()?, 1, 4096)?,
         "--min-initial-workers" => cfg.min_initial_workers = parse_num(name, &value()?, 0, 1_000_000)?,
@@ -422,6 +430,25 @@ mod tests {
         for bad in ["-1", "100001", "x"] {
             assert!(run(&["--ingest-coalesce-us", bad]).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn engine_gone_parses_from_the_flag_or_the_environment() {
+        assert_eq!(run(&[]).unwrap().engine_gone_s, crate::ingest::ENGINE_GONE_S_DEFAULT);
+        assert_eq!(run(&["--engine-gone-s", "0"]).unwrap().engine_gone_s, 0);
+        assert_eq!(run(&["--engine-gone-s", "86400"]).unwrap().engine_gone_s, 86_400);
+        for bad in ["-1", "86401", "1.5", "x"] {
+            let e = run(&["--engine-gone-s", bad]).unwrap_err();
+            assert!(e.starts_with("--engine-gone-s: expected a number from 0 to 86400"), "{bad}: {e}");
+        }
+        let env = |k: &str| (k == "KV_INDEXER_ENGINE_GONE_S").then(|| "5".to_string());
+        let Command::Run(c) = parse(Vec::<std::ffi::OsString>::new(), env).unwrap() else { panic!() };
+        assert_eq!(c.engine_gone_s, 5);
+        let Command::Run(c) = parse(["--engine-gone-s".into(), "7".into()], env).unwrap() else { panic!() };
+        assert_eq!(c.engine_gone_s, 7, "the flag wins");
+        let bad_env = |k: &str| (k == "KV_INDEXER_ENGINE_GONE_S").then(|| "soon".to_string());
+        let e = parse(Vec::<std::ffi::OsString>::new(), bad_env).unwrap_err();
+        assert!(e.starts_with("KV_INDEXER_ENGINE_GONE_S: "), "{e}");
     }
 
     #[test]

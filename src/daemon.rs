@@ -60,6 +60,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         pin_threads: cfg.pin_threads,
         replay_timeout_ms: cfg.replay_timeout_ms,
         heartbeat_ivl_ms: cfg.heartbeat_ms,
+        engine_gone_ms: cfg.engine_gone_s * 1_000,
         ready_gate_open: !recovering,
         ..IngestConfig::default()
     };

@@ -55,7 +55,7 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
     registry.counters.render(p);
 
     let ic = registry.ingest().counters();
-    let counters: [(&str, &str, u64); 21] = [
+    let counters: [(&str, &str, u64); 22] = [
         ("batches_received", "Well-formed batches received.", ic.batches_received),
         ("batches_applied", "Batches applied (live and replayed).", ic.batches_applied),
         // Not `events_applied`: that family counts what the indexes applied, by type.
@@ -73,6 +73,7 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
         ("batches_missed_at_join", "Batches missed before a listener's first.", ic.batches_missed_at_join),
         ("ring_fills", "Ring fills asked for when a listener connected.", ic.ring_fills),
         ("batches_filled", "Batches recovered by ring fills.", ic.batches_filled),
+        ("engine_gone_clears", "Workers cleared after their engine stayed unreachable.", ic.engine_gone_clears),
         ("restarts", "Engine restarts detected (worker cleared).", ic.restarts),
         ("resyncs", "Workers cleared after an unreplayable gap.", ic.resyncs),
         ("held_dropped", "Batches dropped from a full hold buffer.", ic.held_dropped),

@@ -1,14 +1,15 @@
 //! Ring fills over real ZMQ sockets: a listener asks its engine's ring for
 //! everything it holds as soon as it connects, and the fill races the live
-//! stream under the sequence rules. Every test compares the sink with the
-//! publisher's ground truth.
+//! stream under the sequence rules. Also what happens to a worker whose
+//! engine never answers (`engine_gone_ms`). Every test compares the sink
+//! with the publisher's ground truth.
 
 mod support;
 
 use std::sync::Arc;
 
-use kv_indexer::ingest::{Ingest, ListenerSpec};
-use kv_indexer::{StorageTier, WorkerId};
+use kv_indexer::ingest::{EventSink, Ingest, IngestConfig, ListenerSpec, ListenerStatus};
+use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};
 use support::fault_proxy::{FaultProxy, Faults};
 use support::harness::{assert_converges, assert_no_stale, settle, spec_for, test_config};
 use support::model_sink::ModelSink;
@@ -122,4 +123,32 @@ fn a_ring_that_starts_later_than_asked_fills_what_it_holds_and_nothing_stale() {
     assert_eq!((c.ring_fills, c.batches_missed_at_join), (1, 12));
     assert_eq!((c.resyncs, c.batches_lost, c.replays_started), (0, 0, 0));
     assert_eq!(ingest.listener_status()[0].last_seq, Some(19));
+}
+
+#[test]
+fn a_worker_whose_engine_never_answers_is_cleared_after_engine_gone() {
+    // Blocks the worker got before its listener was added (a snapshot's, a
+    // peer's dump) stay only as long as its engine could still appear.
+    let worker = WorkerId::new(63, 0);
+    let cfg = IngestConfig { engine_gone_ms: 300, ..test_config() };
+    let ingest = Ingest::start(cfg).unwrap();
+    let sink = Arc::new(ModelSink::new());
+    let blocks = [(7, 70), (8, 80)].map(|(engine_hash, local_hash)| StoredBlock { engine_hash, local_hash });
+    let store = Event::stored(worker, StorageTier::Device, None, blocks.to_vec());
+    sink.apply(&store);
+    assert!(sink.holds(worker, StorageTier::Device, 7));
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let spec = ListenerSpec {
+        worker,
+        endpoint: format!("tcp://{nobody}"),
+        replay_endpoint: None,
+        block_size: 4,
+        sink: sink.clone() as Arc<dyn EventSink>,
+    };
+    let id = ingest.add_listener(spec).unwrap();
+    assert!(wait_until(|| ingest.counters().engine_gone_clears == 1));
+    assert!(wait_until(|| !sink.holds(worker, StorageTier::Device, 7)), "the worker kept its blocks");
+    let info = ingest.listener_info(id).unwrap();
+    assert_eq!(info.status, ListenerStatus::Pending);
+    assert!(info.last_error.unwrap_or_default().contains("cleared"));
 }

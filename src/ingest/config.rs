@@ -1,5 +1,7 @@
 //! Ingest settings and the fixed limits that bound every queue and buffer.
 
+use std::time::Duration;
+
 /// Most listeners one `Ingest` accepts (one per (instance, dp_rank)).
 /// Each holds up to four ZMQ sockets (SUB, its monitor's two ends, a
 /// replay in flight) and about six descriptors; `zmq_context` sizes the
@@ -35,6 +37,11 @@ pub const LAST_ERROR_LEN_MAX: usize = 512;
 pub const HEARTBEAT_MS_DEFAULT: i32 = 2_500;
 /// Largest `IngestConfig::heartbeat_ivl_ms` accepted.
 pub const HEARTBEAT_MS_MAX: i32 = 600_000;
+/// Default of `IngestConfig::engine_gone_ms`, in seconds (see README,
+/// "Configuration", for why this long).
+pub const ENGINE_GONE_S_DEFAULT: u64 = 60;
+/// Largest `IngestConfig::engine_gone_ms` accepted, in seconds (a day).
+pub const ENGINE_GONE_S_MAX: u64 = 86_400;
 
 /// How the ingest pipeline runs. `0` in a count means "pick from the core count".
 #[derive(Clone, Debug)]
@@ -69,6 +76,12 @@ pub struct IngestConfig {
     /// ZMTP heartbeat interval; a publisher silent for 3 intervals is dropped
     /// and reconnected. 0 disables heartbeats.
     pub heartbeat_ivl_ms: i32,
+    /// A listener whose publisher stays unreachable this long (no ZMQ
+    /// connection since it was added or since its connection dropped) has
+    /// its workers cleared, once per outage; it keeps reconnecting, and a
+    /// ring fill and the live stream refill them when the publisher is back.
+    /// 0: never.
+    pub engine_gone_ms: u64,
     /// A seq this far below the watermark is a publisher restart even without a
     /// reconnect (see the module doc).
     pub restart_seq_drop_min: u64,
@@ -93,6 +106,7 @@ impl Default for IngestConfig {
             reconnect_ivl_ms: 100,
             reconnect_ivl_max_ms: 5_000,
             heartbeat_ivl_ms: HEARTBEAT_MS_DEFAULT,
+            engine_gone_ms: ENGINE_GONE_S_DEFAULT * 1_000,
             restart_seq_drop_min: 4_096,
             ready_gate_open: true,
         }
@@ -107,9 +121,14 @@ impl IngestConfig {
         (or(self.listener_threads, cores / 4), or(self.shard_threads, cores / 2))
     }
 
+    /// `engine_gone_ms` as a duration; None: never.
+    pub(crate) fn engine_gone(&self) -> Option<Duration> {
+        (self.engine_gone_ms > 0).then(|| Duration::from_millis(self.engine_gone_ms))
+    }
+
     /// Rejects settings that would make a queue or loop unbounded or useless.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 8] = [
+        let checks: [(bool, &str); 9] = [
             (self.shard_queue_batches > 0, "shard_queue_batches must be at least 1"),
             (self.poll_timeout_ms > 0, "poll_timeout_ms must be at least 1"),
             (self.replay_timeout_ms > 0, "replay_timeout_ms must be at least 1"),
@@ -117,6 +136,7 @@ impl IngestConfig {
             (self.held_batches_max > 0, "held_batches_max must be at least 1"),
             (self.held_bytes_max > 0, "held_bytes_max must be at least 1"),
             (self.sub_rcvhwm_batches > 0, "sub_rcvhwm_batches must be at least 1"),
+            (self.engine_gone_ms <= ENGINE_GONE_S_MAX * 1_000, "engine_gone_ms must be at most a day"),
             (self.listener_threads <= 256 && self.shard_threads <= 256, "at most 256 listener and 256 shard threads"),
         ];
         match checks.iter().find(|(ok, _)| !ok) {

@@ -2,7 +2,7 @@
 //! handshake done or failed, lost, retrying), turned into the listener's
 //! status and `last_error`, and into the facts its listener needs: whether
 //! the publisher is reachable now (a handshake succeeded and the connection
-//! has not dropped since: ring fills go by it), and
+//! has not dropped since: ring fills and `engine_gone` go by it), and
 //! whether the socket connected again after an earlier connection (its
 //! sequencer's rules go by that). A dead host that sent no reset is a
 //! dropped connection too, once ZMTP heartbeats time out (`open_sub`).

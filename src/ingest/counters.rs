@@ -70,7 +70,9 @@ counters! {
     ring_fills,
     /// Batches recovered by ring fills and applied.
     batches_filled,
-
+    /// Listeners whose workers were cleared because their publisher stayed
+    /// unreachable for `engine_gone_ms` (once per outage).
+    engine_gone_clears,
     /// Publisher restarts detected (the workers were cleared).
     restarts,
     /// Workers cleared after a gap that could not be replayed.

@@ -12,11 +12,14 @@
 //! round without waiting (while a replay runs, a wait is bounded by
 //! `poll_timeout_ms`, for its replies and its deadline), and a listener
 //! whose replay runs (or whose ready gate is closed) holds its live batches
-//! in a bounded queue. The only blocking call is the send to a full shard
-//! queue, which is the intended back-pressure. The thread never waits while
-//! something is readable: what arrived while it worked is read in its next
-//! round at once, so the work itself is the only batching window (see
-//! `outbox.rs` for how batches meet a busy shard).
+//! in a bounded queue. A listener whose publisher is unreachable has a
+//! deadline (`engine_gone_ms`) in the thread's heap, which bounds the wait
+//! too; a thread whose publishers are all reachable waits without one. The
+//! only blocking call is the send to a full shard queue, which is the
+//! intended back-pressure. The thread never waits while something is
+//! readable: what arrived while it worked is read in its next round at
+//! once, so the work itself is the only batching window (see `outbox.rs`
+//! for how batches meet a busy shard).
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -31,6 +34,7 @@ use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REP
 use super::connection::Connection;
 use super::counters::Counters;
 use super::decode::{decode_live, decode_reply, Batch, Frames};
+use super::gone::{Deadlines, Due, Reach};
 use super::log::LogLimiter;
 use super::outbox::Outbox;
 use super::poller::{Doorbell, Poller, BELL};
@@ -131,6 +135,8 @@ struct Listener {
     /// The connection came back while a fill ran: fill again (see `refill`).
     refill: bool,
     conn: Connection,
+    /// Whether the publisher is reachable, and its `engine_gone_ms` deadline.
+    reach: Reach,
     /// The monitor was read short of `EAGAIN` (at its burst cap): look again.
     monitor_more: bool,
     log: LogLimiter,
@@ -168,6 +174,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
     let mut hot: Vec<u64> = Vec::new();
     // Listeners with a replay running: their sockets, and deadlines.
     let mut replaying: Vec<u64> = Vec::new();
+    let mut gone = Deadlines::default();
     let mut ready: Vec<u64> = Vec::new();
     let mut bell_rang = true;
     while !t.shutdown.load(Ordering::Relaxed) {
@@ -177,7 +184,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
         if std::mem::take(&mut bell_rang) {
             loop {
                 match control.try_recv() {
-                    Ok(msg) => handle_control(&t, &poller, &mut ls, &mut hot, msg),
+                    Ok(msg) => handle_control(&t, &poller, &mut ls, &mut hot, &mut gone, msg),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => return,
                 }
@@ -186,6 +193,8 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                 for l in ls.values_mut() {
                     l.start_fill_if_due(&t);
                     l.drain_held(&t);
+                    // Draining may have read the monitor.
+                    gone.arm(l.id.0, &mut l.reach);
                     if l.replay.is_some() && !replaying.contains(&l.id.0) {
                         replaying.push(l.id.0);
                     }
@@ -203,6 +212,8 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             (true, true) => -1,
             (true, false) => i32::try_from(t.cfg.poll_timeout_ms).unwrap_or(i32::MAX),
         };
+        // An unreachable publisher's deadline bounds it too.
+        let timeout = gone.bound(timeout, Instant::now());
         if let Err(e) = poller.wait(timeout, &t.bell, &mut ready) {
             // Nothing was read. Pause so a lasting error cannot spin the thread.
             crate::error!("waiting on engine sockets failed: {e}");
@@ -222,7 +233,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             let id = tok >> 2;
             let Some(l) = ls.get_mut(&id) else { continue };
             let more = match tok & 3 {
-                MONITOR => l.read_monitor(),
+                MONITOR => l.read_monitor(&t),
                 SUB => l.read_live(&t),
                 _ => l.read_replies(&t),
             };
@@ -233,6 +244,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
                 hot.push(token(l.id, MONITOR));
             }
             l.after_read(&t);
+            gone.arm(id, &mut l.reach);
             if l.replay.is_some() && !replaying.contains(&id) {
                 replaying.push(id);
             }
@@ -240,8 +252,23 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
         replaying.retain(|id| {
             let Some(l) = ls.get_mut(id) else { return false };
             l.check_replay_deadline(&t);
+            gone.arm(*id, &mut l.reach);
             l.replay.is_some()
         });
+        clear_gone(&t, &mut ls, &mut gone);
+    }
+}
+
+/// Clears the workers of every listener whose deadline passed with its
+/// publisher still unreachable. Each round pops only due entries.
+fn clear_gone(t: &ThreadCtx, ls: &mut Listeners, gone: &mut Deadlines) {
+    let now = Instant::now();
+    while let Some(id) = gone.pop_due(now) {
+        // A removed listener's entry just goes (ids are never reused).
+        let Some(l) = ls.get_mut(&id) else { continue };
+        if gone.settle(id, &mut l.reach, now) == Due::Gone {
+            l.engine_gone(t);
+        }
     }
 }
 
@@ -256,7 +283,14 @@ fn flush(t: &ThreadCtx, ls: &Listeners) {
     }
 }
 
-fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut Vec<u64>, msg: Control) {
+fn handle_control(
+    t: &ThreadCtx,
+    poller: &Poller,
+    ls: &mut Listeners,
+    hot: &mut Vec<u64>,
+    gone: &mut Deadlines,
+    msg: Control,
+) {
     match msg {
         Control::Add(new) => {
             let NewListener { id, spec, sub, monitor, shared, last_seq, ranks_written } = *new;
@@ -273,8 +307,9 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut 
             ranks.extend(ranks_written.into_iter().filter(|&r| r != spec.worker.dp_rank));
             let (held, replay, conn, log, gap_log) =
                 (VecDeque::new(), None, Connection::new(), LogLimiter::default(), LogLimiter::default());
+            let reach = Reach::new(t.cfg.engine_gone(), Instant::now());
             let fill_pending = spec.replay_endpoint.is_some();
-            let l = Listener {
+            let mut l = Listener {
                 id,
                 spec,
                 sub,
@@ -288,10 +323,12 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut 
                 fill_pending,
                 refill: false,
                 conn,
+                reach,
                 monitor_more: false,
                 log,
                 gap_log,
             };
+            gone.arm(id.0, &mut l.reach);
             ls.insert(id.0, l);
         }
         Control::Remove { id, done } => {
@@ -313,13 +350,14 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, hot: &mut 
 
 impl Listener {
     /// Reads the monitor's events; true if it stopped at the burst cap.
-    fn read_monitor(&mut self) -> bool {
+    fn read_monitor(&mut self, t: &ThreadCtx) -> bool {
         let read = self.conn.read(&self.monitor, &self.spec.endpoint, &self.shared);
         if read.reconnected {
             self.seq.note_connected();
             // What a fill applied may be of a process that is gone now.
             self.refill |= self.replay.as_ref().is_some_and(|run| run.fill);
         }
+        self.reach.note(self.conn.is_up(), read.came_up, t.cfg.engine_gone(), Instant::now());
         read.more
     }
 
@@ -373,8 +411,26 @@ impl Listener {
         }
     }
 
+    /// The publisher stayed unreachable for `engine_gone_ms`: its workers
+    /// may hold blocks it no longer has (a dead engine's, forever), so they
+    /// are cleared. The listener keeps reconnecting; when the publisher is
+    /// back, a ring fill and its live stream refill them.
+    fn engine_gone(&mut self, t: &ThreadCtx) {
+        t.bump(&t.counters.engine_gone_clears, 1);
+        let secs = t.cfg.engine_gone_ms as f64 / 1_000.0;
+        crate::warn!(
+            "listener {}: engine unreachable for {secs} s (--engine-gone-s); clearing its workers until it is back",
+            self.shared.label
+        );
+        self.shared.set_error(format!(
+            "{} unreachable for {secs} s: its blocks were cleared; reconnecting",
+            self.spec.endpoint
+        ));
+        self.forget_stream(t);
+    }
+
     /// Clears the workers and starts the stream over: no replay, nothing
-    /// held, no watermark, a fill due.
+    /// held, no watermark, a fill due once the publisher is reachable.
     fn forget_stream(&mut self, t: &ThreadCtx) {
         if self.replay.take().is_some_and(|run| !run.fill) {
             t.bump(&t.counters.replays_failed, 1);
@@ -506,7 +562,7 @@ impl Listener {
         if self.seq.covers_filled(batch.seq) {
             // A ring fill applied it before the live stream delivered it,
             // unless the socket reconnected meanwhile (which ends the window).
-            self.monitor_more |= self.read_monitor();
+            self.monitor_more |= self.read_monitor(t);
             if self.seq.take_filled_copy(batch.seq) {
                 t.bump(&t.counters.duplicates_dropped, 1);
                 return;
@@ -529,7 +585,7 @@ impl Listener {
                     // reconnected: make sure a reconnect already queued on the
                     // monitor is known.
                     monitor_checked = true;
-                    self.monitor_more |= self.read_monitor();
+                    self.monitor_more |= self.read_monitor(t);
                 }
                 Verdict::Duplicate => {
                     t.bump(&t.counters.duplicates_dropped, 1);

@@ -60,9 +60,10 @@
 //! missed, so a listener with a replay endpoint does not wait for one: on
 //! its first good connection (ZMQ handshake done, ready gate open) it asks
 //! the ring for everything past its watermark (from 0 without one, from
-//! `last + 1` with a kept or seeded one). Replies are judged like a
-//! replay's and the listener's live batches are held meanwhile (bounded as
-//! for a replay). The fill ends with the ring's end
+//! `last + 1` with a kept or seeded one), and again whenever its stream was
+//! started over for want of its engine (see dead engines). Replies are
+//! judged like a replay's and the listener's live batches are held
+//! meanwhile (bounded as for a replay). The fill ends with the ring's end
 //! marker, or at the first live batch past the watermark: that batch bounds
 //! it (`to`), the live stream has it and everything after, and whatever of
 //! the fill's range is still missing then is left to the live rules (that
@@ -78,6 +79,19 @@
 //! seq 0, which would otherwise be a restart. The connection dropping and
 //! coming back while a fill runs may mean another process: the listener
 //! then clears its workers (a resync) and fills again from 0.
+//!
+//! # Dead engines
+//!
+//! ZMQ reconnects on its own, so a dead engine looks like one that is
+//! merely slow to come back, and its blocks would stay forever. A SUB
+//! socket sends ZMTP heartbeats (`heartbeat_ivl_ms`), so a host gone
+//! without a TCP reset drops the connection after three silent intervals.
+//! A listener whose publisher has been unreachable (no connection since it
+//! was added, or since its connection dropped) for `engine_gone_ms` clears
+//! its workers through their shards, once per outage, drops what it held,
+//! forgets its watermark and keeps reconnecting; when the publisher is back
+//! a ring fill and the live stream refill the workers, from 0 whatever
+//! process it is.
 //!
 //! # Restart
 //!
@@ -108,13 +122,15 @@
 //! bounded, and applied in order when it opens); `failed` when the peer is
 //! no ZMQ publisher (handshake failed, or the connection dropped during it).
 //! ZMQ reconnects on its own with backoff; a disconnect puts the listener
-//! back to `pending` with `last_error` saying so. Endpoints ZMQ cannot parse
+//! back to `pending` with `last_error` saying so (and past `engine_gone_ms`
+//! its workers are cleared, see dead engines). Endpoints ZMQ cannot parse
 //! are rejected by `add_listener`.
 
 mod config;
 mod connection;
 mod counters;
 mod decode;
+mod gone;
 mod lag;
 mod listener;
 mod log;
@@ -130,8 +146,8 @@ mod status;
 mod zmq_context;
 
 pub use config::{
-    IngestConfig, BLOCK_SIZE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, HEARTBEAT_MS_DEFAULT,
-    HEARTBEAT_MS_MAX, LISTENERS_MAX,
+    IngestConfig, BLOCK_SIZE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, ENGINE_GONE_S_DEFAULT,
+    ENGINE_GONE_S_MAX, HEARTBEAT_MS_DEFAULT, HEARTBEAT_MS_MAX, LISTENERS_MAX,
 };
 pub use counters::IngestCounters;
 pub use lag::{EventLagCounts, EVENT_LAG_BUCKETS_S};

@@ -32,6 +32,9 @@ use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::WorkerId;
 use crate::wire::SkipCounters;
 
+/// Longest ZMTP heartbeat TTL libzmq takes (sent in deciseconds, 16 bits).
+const HEARTBEAT_TTL_MS_MAX: i32 = 6_553_500;
+
 /// Most watermarks kept for removed listeners. Past it an arbitrary one is
 /// forgotten, which only means that key's next registration starts fresh.
 const WATERMARKS_KEPT_MAX: usize = 65_536;
@@ -461,8 +464,14 @@ impl Ingest {
         sub.set_reconnect_ivl(cfg.reconnect_ivl_ms).map_err(res)?;
         sub.set_reconnect_ivl_max(cfg.reconnect_ivl_max_ms).map_err(res)?;
         if cfg.heartbeat_ivl_ms > 0 {
+            // Silence for three intervals after a ping drops the connection
+            // (a host gone without a reset; the monitor says DISCONNECTED),
+            // and the TTL in our pings tells the engine to drop ours as soon,
+            // so a vanished indexer does not keep a queue there either.
+            let timeout_ms = cfg.heartbeat_ivl_ms.saturating_mul(3);
             sub.set_heartbeat_ivl(cfg.heartbeat_ivl_ms).map_err(res)?;
-            sub.set_heartbeat_timeout(cfg.heartbeat_ivl_ms.saturating_mul(3)).map_err(res)?;
+            sub.set_heartbeat_timeout(timeout_ms).map_err(res)?;
+            sub.set_heartbeat_ttl(timeout_ms.min(HEARTBEAT_TTL_MS_MAX)).map_err(res)?;
         }
         sub.set_subscribe(b"").map_err(res)?;
         let monitor_endpoint = format!("inproc://kv-indexer-ingest-{}-monitor-{}", self.uid, id.0);

@@ -50,11 +50,17 @@ impl Engine {
 
     /// Registers this engine with `d` through proxy `path` and waits for the subscription.
     pub fn register(&self, d: &Daemon, path: usize) {
+        self.register_at(d, path, &self.proxies[path].endpoint);
+    }
+
+    /// Registers this engine with `d` at `endpoint`, something that leads
+    /// to proxy `path` (a relay in front of it), and waits for the subscription.
+    pub fn register_at(&self, d: &Daemon, path: usize, endpoint: &str) {
         let proxy = &self.proxies[path];
         let before = proxy.subscriptions();
         let (status, v) = d.post_json(
             "/register",
-            json!({"instance_id": self.instance, "endpoint": proxy.endpoint,
+            json!({"instance_id": self.instance, "endpoint": endpoint,
                    "replay_endpoint": if self.replay { self.publisher.replay_endpoint.clone() } else { None },
                    "model_name": MODEL, "block_size": BLOCK_SIZE}),
         );

@@ -19,6 +19,9 @@
 //! - Rebind: the PUB side is closed and bound again on the same port, so the
 //!   daemon sees a disconnect and a reconnect, as when a new engine process
 //!   binds the port. Held copies die with the old connection.
+//! - Unbind: the PUB side is closed and stays closed until `rebind`, as when
+//!   the engine is killed: the daemon's connection closes and its attempts
+//!   to connect are refused. Batches read meanwhile go nowhere.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -95,6 +98,7 @@ enum Command {
     PassNext(u64),
     Flush(mpsc::Sender<()>),
     Rebind(mpsc::Sender<()>),
+    Unbind(mpsc::Sender<()>),
 }
 
 /// A running fault proxy; stopped when dropped.
@@ -175,6 +179,13 @@ impl FaultProxy {
         let (tx, rx) = mpsc::channel();
         self.commands.send(Command::Rebind(tx)).unwrap();
         rx.recv_timeout(Duration::from_millis(WAIT_MS)).expect("fault proxy did not rebind");
+    }
+
+    /// Closes the PUB side until `rebind`; returns once closed.
+    pub fn unbind(&self) {
+        let (tx, rx) = mpsc::channel();
+        self.commands.send(Command::Unbind(tx)).unwrap();
+        rx.recv_timeout(Duration::from_millis(WAIT_MS)).expect("fault proxy did not unbind");
     }
 
     pub fn stats(&self) -> FaultStats {
@@ -286,15 +297,26 @@ impl Run {
                 let _ = done.send(());
             }
             Command::Rebind(done) => {
-                self.stats.lock().lost_on_rebind += self.held.len() as u64;
-                self.held.clear();
-                let old = std::mem::replace(&mut self.xpub, self.ctx.socket(zmq::XPUB).unwrap());
-                drop(old);
+                self.close_xpub();
                 self.xpub = bind_xpub(&self.ctx, &self.endpoint);
-                self.subscriptions.store(0, Ordering::Release);
+                let _ = done.send(());
+            }
+            Command::Unbind(done) => {
+                self.close_xpub();
                 let _ = done.send(());
             }
         }
+    }
+
+    /// Closes the PUB side (an unbound socket takes its place) and drops
+    /// the copies held for the old connection.
+    fn close_xpub(&mut self) {
+        self.stats.lock().lost_on_rebind += self.held.len() as u64;
+        self.held.clear();
+        let unbound = self.ctx.socket(zmq::XPUB).unwrap();
+        unbound.set_linger(0).unwrap();
+        drop(std::mem::replace(&mut self.xpub, unbound));
+        self.subscriptions.store(0, Ordering::Release);
     }
 
     fn read_subscriptions(&mut self) {

@@ -1,6 +1,7 @@
 //! Shared helpers for integration tests: a real ZMQ test publisher with a
-//! replay buffer, a fault-injecting proxy and checks against ground truth,
-//! an exact model sink, a small deterministic PRNG, and a bounded wait.
+//! replay buffer, a fault-injecting proxy, a TCP relay that can blackhole a
+//! host, checks against ground truth, an exact model sink, a small
+//! deterministic PRNG, and a bounded wait.
 //! Each test binary uses a different subset.
 #![allow(dead_code)]
 
@@ -16,6 +17,7 @@ pub mod model_sink;
 pub mod prom_lint;
 pub mod publisher;
 pub mod rng;
+pub mod tcp_relay;
 pub mod truth_check;
 
 use std::time::{Duration, Instant};
