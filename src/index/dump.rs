@@ -1,5 +1,9 @@
 //! Turning an index into what a dump says: every block each worker holds.
 //!
+//! What a dump says is what its readers take it to say (an operator with
+//! `jq`, a monitoring job, a Dynamo replica), so it is exact as a document,
+//! not only once replayed as events.
+//!
 //! For each worker, every block it holds, in every tier and under every
 //! engine hash it uses, is one block of one Stored event, and nothing else
 //! is: no Removed, no Cleared, no block the worker does not hold. Blocks

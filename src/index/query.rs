@@ -14,7 +14,20 @@
 //! stops at the first block it holds in none of the tier it is in. Holdings
 //! change only at segment starts (`members`), so the sweep visits segments,
 //! not blocks, 64 workers at a time. A worker that loses a middle block stops
-//! there; nothing has to be walked to make that so.
+//! there; nothing has to be walked to make that so. Answers are the device
+//! depth and the cumulative host and disk depths.
+//!
+//! A query computes its chains lazily, only as deep as its probes look, and
+//! never looks back more than a jump behind the furthest block it reached,
+//! so the chains live in a ring of a few jumps (`chain::Chains`). `find`
+//! says why an answer keeps the promise: each worker's two window sequences
+//! are read before and after a walk (for a group of 64 slots, first its
+//! summary words, so a group where one way was quiet settles all 64
+//! workers in two reads); a worker whose bits moved both ways is walked
+//! again, after a bounded wait, and the eighth retry walks under the tree
+//! lock, so a query walks at most nine times. A slot given to another worker while the query
+//! ran is left out of its answer, even if it came back to the same worker
+//! (each placement in a slot is numbered).
 
 use super::chain::Chains;
 use super::members::GroupSegs;

@@ -13,6 +13,14 @@
 //! the steady state; a rebuild asks the cache for the new buckets of the
 //! keys it moves a batch ahead, as lookups do. Engine hashes are opaque and
 //! may be small or sequential numbers, so they are mixed before use.
+//!
+//! A hash is kept as its low and high halves in two arrays: the count and
+//! the ten low halves fill the bucket's first cache line, and three SSE2
+//! compares cover them; the high half is checked only where a low half
+//! matched, so hashes that share a half cost extra checks, never a wrong
+//! answer. New tables come from zeroed memory (an empty bucket is all
+//! zeros), and a table shrinks below 40% full. Aliases (one block under two
+//! engine hashes of one worker) are counted beside the table.
 
 use super::prefetch;
 

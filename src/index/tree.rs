@@ -13,7 +13,9 @@
 //! parent run is looked at the same way. A tail cut by the only worker
 //! holding it changes nothing but the length: that worker's bits stay past
 //! the end until an append clears them, and a reader that took the old
-//! length sees the run's cut count move and walks again.
+//! length sees the run's cut count move and walks again. After every
+//! worker is cleared the index holds zero blocks and zero runs, and its
+//! pages are released.
 
 use super::blocks::{ChunkAlloc, ChunkOwner, ChunkPages, CHUNK_BLOCKS, NIL};
 use super::budget::Budget;

@@ -26,7 +26,18 @@
 //! already: the engine reused them for other content) clears first, in a
 //! window of its own, and sets after: readers see the worker's bits go
 //! down to a state that holds less than before and after, then up to the
-//! state after, never a mix of the two.
+//! state after, never a mix of the two. Blocks are set in add windows of
+//! up to 128 blocks, between which other writers and waiting readers get
+//! in.
+//!
+//! A store claims each of its hashes in the records before it takes the
+//! tree lock: the claim says what the hash names now and marks its slot
+//! (adding the hash if it is new) while the bucket is at hand; after the
+//! tree lock the claimed slots get their blocks, and refused blocks give
+//! theirs back. A writer that finds the tree lock held polls it (about the
+//! longest walk) before it parks, since parking cost each wait two context
+//! switches. At its end an event hands what it replaced (members, lists) to
+//! `reclaim`, so queries never free it.
 
 use super::blocks::NIL;
 use super::chain;
