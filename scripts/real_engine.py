@@ -30,11 +30,12 @@ ROOTS = 12
 RECV_TIMEOUT_MS = 10_000
 
 
-def history():
+def history(first):
     """Batches of ("stored", hashes, parent, tokens) / ("removed", hashes) /
     ("cleared",): chains of up to four blocks, their leaves evicted now and
-    then, one clear early on (a fill must apply it, not skip it)."""
-    batches, next_hash, token = [], 1_000, 1
+    then, one clear early on (a fill must apply it, not skip it). `first`
+    sets the hashes and tokens, so a restarted engine can hold other blocks."""
+    batches, next_hash, token = [], first, first
 
     def fresh(n):
         nonlocal next_hash, token
@@ -60,6 +61,7 @@ def main():
     ap = argparse.ArgumentParser()
     for name in ("engine", "module-root", "module", "endpoint", "replay-endpoint"):
         ap.add_argument("--" + name, required=True)
+    ap.add_argument("--first", type=int, default=1_000, help="first hash seed and token id of the history")
     args = ap.parse_args()
 
     scratch = tempfile.mkdtemp(prefix="kv-real-engine-")
@@ -84,7 +86,7 @@ def main():
     time.sleep(0.5)  # let the subscription reach the PUB socket
 
     held = {}  # hash -> (parent, tokens)
-    batches = history()
+    batches = history(args.first)
     for i, batch in enumerate(batches):
         events = []
         for ev in batch:

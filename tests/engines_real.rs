@@ -2,7 +2,9 @@
 //! `kv_events` modules, run by `scripts/real_engine.py`, publish a history
 //! (chains, evictions, a clear) and go idle. A daemon started afterwards,
 //! with no peer and no snapshot, answers from their replay rings alone,
-//! block for block, in `/dump` and in `/query`.
+//! block for block, in `/dump` and in `/query`. An engine killed outright
+//! loses its blocks after `--engine-gone-s`, and the new process that takes
+//! its place refills them from its ring.
 //!
 //! The modules and a venv holding msgspec and pyzmq come from
 //! `scripts/install-test-tools.sh` (into `target/test-tools/engines/`, which
@@ -56,7 +58,9 @@ struct RealEngine {
 }
 
 impl RealEngine {
-    fn start(tools: &Path, scratch: &Path, instance: u64, engine: &str, module: &str) -> RealEngine {
+    /// Starts the engine and returns once its history is published; `first`
+    /// picks the history's hashes and tokens.
+    fn start(tools: &Path, scratch: &Path, instance: u64, (engine, module): (&str, &str), first: u64) -> RealEngine {
         let endpoint = format!("ipc://{}/{engine}.pub", scratch.display());
         let replay_endpoint = format!("ipc://{}/{engine}.replay", scratch.display());
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/real_engine.py");
@@ -64,6 +68,7 @@ impl RealEngine {
             .arg(script)
             .args(["--engine", engine, "--module", module, "--endpoint", &endpoint])
             .args(["--replay-endpoint", &replay_endpoint])
+            .args(["--first", &first.to_string()])
             .arg("--module-root")
             .arg(tools.join(engine))
             .stdin(Stdio::piped())
@@ -105,6 +110,28 @@ impl RealEngine {
         chain
     }
 
+    /// Registers the engine with the daemon.
+    fn register(&self, d: &Daemon) {
+        let (status, v) = d.post_json(
+            "/register",
+            json!({"instance_id": self.instance, "endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint,
+                   "model_name": MODEL, "block_size": self.block_size}),
+        );
+        assert_eq!(status, 201, "{v}");
+    }
+
+    /// Checks that `/query` credits every held chain in full.
+    fn assert_answered(&self, d: &Daemon) {
+        for &leaf in self.held.keys() {
+            let chain = self.chain(leaf);
+            let tokens: Vec<u32> = chain.iter().flat_map(|h| self.held[h].1.iter().copied()).collect();
+            let (status, v) = d.post_json("/query", json!({"token_ids": tokens, "model_name": MODEL}));
+            assert_eq!(status, 200, "{v}");
+            let gpu = (chain.len() as u32 * self.block_size) as u64;
+            assert_eq!(v["instances"][self.instance.to_string()]["gpu"].as_u64(), Some(gpu), "{v}");
+        }
+    }
+
     /// What `/dump` must list for this engine.
     fn facts(&self) -> BTreeSet<Fact> {
         let seed = seed_for(None, None);
@@ -113,64 +140,92 @@ impl RealEngine {
 }
 
 impl Drop for RealEngine {
+    /// Killed, not shut down: its sockets close without a word.
     fn drop(&mut self) {
-        drop(self.stdin.take());
         let _ = self.child.kill();
         let _ = self.child.wait();
+        drop(self.stdin.take());
     }
 }
 
-#[test]
-fn a_daemon_started_after_real_engines_went_idle_answers_from_their_rings() {
+/// The engines' tools and a scratch directory, or None (said why) to skip.
+fn setup(name: &str) -> Option<(PathBuf, PathBuf)> {
     let tools = match tools() {
         Ok(dir) => dir,
         Err(why) => {
             eprintln!("SKIP: no released engine publishers ({why}); scripts/install-test-tools.sh fetches them");
-            return;
+            return None;
         }
     };
     // A short path: ipc:// addresses are Unix socket paths (108 bytes).
-    let scratch = std::env::temp_dir().join(format!("kvi-real-{}", std::process::id()));
+    let scratch = std::env::temp_dir().join(format!("kvi-real-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
+    Some((tools, scratch))
+}
+
+/// Waits until the daemon's `/dump` lists exactly what `engines` hold.
+fn assert_dump_is(d: &Daemon, engines: &[RealEngine]) {
+    let want: BTreeSet<Fact> = engines.iter().flat_map(RealEngine::facts).collect();
+    let mut got = BTreeSet::new();
+    let exact = wait_until(|| {
+        got = dump_facts(d);
+        got == want
+    });
+    assert!(exact, "the daemon's dump {got:?} is not what the engines hold {want:?}");
+}
+
+#[test]
+fn a_daemon_started_after_real_engines_went_idle_answers_from_their_rings() {
+    let Some((tools, scratch)) = setup("fill") else { return };
     let engines: Vec<RealEngine> = ENGINES
         .iter()
         .enumerate()
-        .map(|(i, (engine, module))| RealEngine::start(&tools, &scratch, 1 + i as u64, engine, module))
+        .map(|(i, &engine)| RealEngine::start(&tools, &scratch, 1 + i as u64, engine, 1_000))
         .collect();
 
     // Both engines published and went idle; only now does the daemon start.
     let d = Daemon::start(&[]);
-    for e in &engines {
-        let (status, v) = d.post_json(
-            "/register",
-            json!({"instance_id": e.instance, "endpoint": e.endpoint, "replay_endpoint": e.replay_endpoint,
-                   "model_name": MODEL, "block_size": e.block_size}),
-        );
-        assert_eq!(status, 201, "{v}");
-    }
-    let want: BTreeSet<Fact> = engines.iter().flat_map(RealEngine::facts).collect();
-    let mut got = BTreeSet::new();
-    let exact = wait_until(|| {
-        got = dump_facts(&d);
-        got == want
-    });
-    assert!(exact, "the daemon's dump {got:?} is not what the engines hold {want:?}");
-    for e in &engines {
-        for &leaf in e.held.keys() {
-            let chain = e.chain(leaf);
-            let tokens: Vec<u32> = chain.iter().flat_map(|h| e.held[h].1.iter().copied()).collect();
-            let (status, v) = d.post_json("/query", json!({"token_ids": tokens, "model_name": MODEL}));
-            assert_eq!(status, 200, "{v}");
-            let gpu = (chain.len() as u32 * e.block_size) as u64;
-            assert_eq!(v["instances"][e.instance.to_string()]["gpu"].as_u64(), Some(gpu), "{v}");
-        }
-    }
+    engines.iter().for_each(|e| e.register(&d));
+    assert_dump_is(&d, &engines);
+    engines.iter().for_each(|e| e.assert_answered(&d));
     let batches: u64 = engines.iter().map(|e| e.batches).sum();
     assert_eq!(metric(&d, "kv_indexer_batches_filled_total"), batches);
     let blocks: usize = engines.iter().map(|e| e.held.len()).sum();
     eprintln!(
         "real engines: {batches} batches published before the daemon started, {blocks} blocks held, all answered"
     );
+    drop(engines);
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+#[test]
+fn a_killed_real_engine_is_dropped_and_its_successor_refills_it() {
+    let Some((tools, scratch)) = setup("gone") else { return };
+    let d = Daemon::start(&["--engine-gone-s", "1", "--heartbeat-ms", "200"]);
+    let mut engines: Vec<RealEngine> = ENGINES
+        .iter()
+        .enumerate()
+        .map(|(i, &engine)| RealEngine::start(&tools, &scratch, 1 + i as u64, engine, 1_000))
+        .collect();
+    engines.iter().for_each(|e| e.register(&d));
+    assert_dump_is(&d, &engines);
+
+    // Each engine in turn is killed (no shutdown: its sockets just close),
+    // dropped after --engine-gone-s while the other keeps its blocks, and
+    // replaced by a new process on the same endpoints holding other blocks.
+    for (round, dead) in [0, 1, 0].into_iter().enumerate() {
+        let clears = round as u64 + 1;
+        let (instance, engine) = (engines[dead].instance, ENGINES[dead]);
+        drop(engines.remove(dead));
+        let dropped = wait_until(|| metric(&d, "kv_indexer_engine_gone_clears_total") == clears);
+        assert!(dropped, "engine {instance} was never dropped");
+        assert_dump_is(&d, &engines);
+        let first = 100_000 * (round as u64 + 1);
+        engines.insert(dead, RealEngine::start(&tools, &scratch, instance, engine, first));
+        assert_dump_is(&d, &engines);
+        engines.iter().for_each(|e| e.assert_answered(&d));
+    }
+    assert_eq!(metric(&d, "kv_indexer_engine_gone_clears_total"), 3);
     drop(engines);
     let _ = std::fs::remove_dir_all(&scratch);
 }
