@@ -118,6 +118,96 @@ fn a_hash_reused_for_other_content_never_shows_a_depth_never_held() {
     assert!(points > 3, "the event has steps to stop at ({points})");
 }
 
+/// Case 1, a range at a time: a store whose reused hashes name blocks in
+/// two runs, at offsets that make several ranges (`clear_ranges`), while
+/// it places its own blocks on blocks another worker holds (in a run of
+/// their own, so a walk can see W's old blocks and then its new ones). W held depth 8
+/// on `p` before and 1 after, 4 on `s` before and 1 after: no reader may
+/// see more, whichever range it stops at. A clear of W, also a range at a
+/// time, never shows more than W held either. V is answered exactly.
+#[test]
+fn a_store_releasing_reused_hashes_a_range_at_a_time_never_over_reports() {
+    let p: Vec<u64> = (500..513).collect();
+    let s: Vec<u64> = (600..604).collect();
+    let (v, wk) = (w(1), w(2));
+    let setup = |ix: &Index| {
+        let vp: Vec<(u64, u64)> = p.iter().enumerate().map(|(i, &l)| (1 + i as u64, l)).collect();
+        let vs: Vec<(u64, u64)> = s.iter().enumerate().map(|(i, &l)| (41 + i as u64, l)).collect();
+        // p8.. in a run of its own (p7 is not the tail of p0's run), so a
+        // walk passes a point between W's old blocks and its new ones.
+        let mut first = vp[..8].to_vec();
+        first.push((99, 9_999));
+        ix.apply(&Event::stored(v, DEV, None, blocks(&first)));
+        ix.apply(&Event::stored(v, DEV, Some(8), blocks(&vp[8..])));
+        ix.apply(&Event::stored(v, DEV, None, blocks(&vs)));
+        let wp: Vec<(u64, u64)> = p[..8].iter().enumerate().map(|(i, &l)| (10 + i as u64, l)).collect();
+        let ws: Vec<(u64, u64)> = s.iter().enumerate().map(|(i, &l)| (30 + i as u64, l)).collect();
+        ix.apply(&Event::stored(wk, DEV, None, blocks(&wp)));
+        ix.apply(&Event::stored(wk, DEV, None, blocks(&ws)));
+        ix.apply(&Event::stored(wk, HOST, Some(17), blocks(&[(70, p[8]), (71, p[9])])));
+    };
+    // Hashes 11, 12, 14, 15 named p1, p2, p4, p5 (two ranges of run p); 31 named s1.
+    let reuse =
+        Event::stored(wk, DEV, Some(17), blocks(&[(11, p[8]), (12, p[9]), (14, p[10]), (15, p[11]), (31, p[12])]));
+    for (q, before) in [(&p, 8), (&s, 4)] {
+        let exact = if q == &p { 13 } else { 4 };
+        let points = at_every_point(setup, &reuse, q, |k, m| {
+            assert_eq!(dev(m, v), exact, "point {k}: V did not change");
+            assert!(dev(m, wk) <= before, "point {k}: W credited {} blocks, held {before} then 1", dev(m, wk));
+            assert!(depths(m, wk).1 <= 10, "point {k}: W's host depth {:?}", depths(m, wk));
+        });
+        assert!(points > 5, "the event has steps to stop at ({points})");
+        let ix = index();
+        setup(&ix);
+        ix.apply(&reuse);
+        assert_eq!(dev(&ix.find_matches(q), wk), 1, "W after the store");
+        ix.check_consistency();
+        let points = at_every_point(setup, &Event::cleared(wk), q, |k, m| {
+            assert_eq!(dev(m, v), exact, "point {k}: V did not change");
+            let (d, h, _) = depths(m, wk);
+            assert!(d <= before && h <= if q == &p { 10 } else { 4 }, "point {k}: W credited {:?}", depths(m, wk));
+        });
+        assert!(points > 3, "the clear has steps to stop at ({points})");
+        // The store lands at every point of a query's walk, and a query
+        // that starts at every point of the store stops at every point of
+        // its walk while the rest of the store runs.
+        let mut walked = 0;
+        for j in 0.. {
+            let ix = index();
+            setup(&ix);
+            let x = ix.clone();
+            let e = reuse.clone();
+            let store: Other = Box::new(move || {
+                x.apply(&e);
+            });
+            let (m, reached) = interleave(|| ix.find_matches_unlocked(q), vec![(j, Point::Open, store)]);
+            if j >= reached.open {
+                break;
+            }
+            walked += 1;
+            assert_eq!(dev(&m, v), exact, "walk point {j}: V did not change");
+            assert!(dev(&m, wk) <= before, "walk point {j}: W credited {}, held {before} then 1", dev(&m, wk));
+        }
+        assert!(walked > 2, "the walk has points to stop at ({walked})");
+        let mut straddled = 0;
+        for k in 0..48 {
+            for j in 0..16 {
+                let ix = index();
+                setup(&ix);
+                let (x, e) = (ix.clone(), reuse.clone());
+                let first = move || {
+                    x.apply(&e);
+                };
+                let Some((m, _)) = straddle(&ix, q, k, j, first, || {}) else { continue };
+                straddled += 1;
+                assert_eq!(dev(&m, v), exact, "points {k}, {j}: V did not change");
+                assert!(dev(&m, wk) <= before, "points {k}, {j}: W credited {}, held {before} then 1", dev(&m, wk));
+            }
+        }
+        assert!(straddled > 10, "{straddled}");
+    }
+}
+
 /// Case 2: a query straddles two events of W, each of which only takes bits
 /// back or only sets them: W removes p0 (a hole: depth 0), then stores q2
 /// under p1 (still depth 0 for [p0, p1, q2]). W held 2 at most while the
