@@ -67,12 +67,43 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
         daemon_version: snapshot.daemon_version,
         ..Plan::default()
     };
-    let same_index = |a: &RegisterArgs, model: &str, tenant: &str| a.model_name == model && a.tenant_id == tenant;
+    let (mut indexes, dropped_indexes) = drop_resized_indexes(&mut p, snapshot.indexes);
+    let mut merge = merge_registrations(&mut p, &snapshot.registrations, &dropped_indexes);
+    // Every registered key, to tell a listener's extra ranks from other keys.
+    let keys: FxHashSet<WorkerId> = p.command_line.iter().chain(&p.saved).map(RegisterArgs::worker).collect();
+    drop_blocks(&mut indexes, &mut merge, &keys);
+    for SavedRegistration { args: r, last_seq } in merge.seeded {
+        let Some(last) = *last_seq else { continue };
+        let mut extra: Vec<u32> = Vec::new();
+        for w in events_of(&indexes, &r.model_name, &r.tenant_id) {
+            if w.instance_id == r.instance_id && !keys.contains(&w) && !extra.contains(&w.dp_rank) {
+                extra.push(w.dp_rank);
+            }
+        }
+        p.watermarks.push((r.worker(), last, extra));
+    }
+    p.indexes = indexes;
+    p
+}
 
-    // Indexes the command line gives another block size.
-    let mut dropped_indexes: FxHashSet<(String, String)> = FxHashSet::default();
+type IndexKey = (String, String);
+
+fn same_index(a: &RegisterArgs, model: &str, tenant: &str) -> bool {
+    a.model_name == model && a.tenant_id == tenant
+}
+
+/// The workers of the events of index (`model`, `tenant`) in `indexes`.
+fn events_of<'a>(indexes: &'a [SavedIndex], model: &str, tenant: &str) -> impl Iterator<Item = WorkerId> + 'a {
+    let ix = indexes.iter().find(|ix| ix.model_name == model && ix.tenant_id == tenant);
+    ix.into_iter().flat_map(|ix| ix.events.iter().map(|e| e.event.worker))
+}
+
+/// Drops the indexes the command line gives another block size; the kept
+/// ones and the keys of the dropped.
+fn drop_resized_indexes(p: &mut Plan, saved: Vec<SavedIndex>) -> (Vec<SavedIndex>, FxHashSet<IndexKey>) {
+    let mut dropped = FxHashSet::default();
     let mut indexes = Vec::new();
-    for ix in snapshot.indexes {
+    for ix in saved {
         match p.command_line.iter().find(|c| same_index(c, &ix.model_name, &ix.tenant_id)) {
             Some(c) if c.block_size != ix.block_size => {
                 p.notes.push(format!(
@@ -80,17 +111,30 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
                      its blocks and registrations are dropped",
                     ix.model_name, ix.tenant_id, ix.block_size, c.block_size
                 ));
-                dropped_indexes.insert((ix.model_name, ix.tenant_id));
+                dropped.insert((ix.model_name, ix.tenant_id));
             }
             _ => indexes.push(ix),
         }
     }
+    (indexes, dropped)
+}
 
-    // Registrations; workers whose snapshot blocks must go, by index.
-    let mut dropped_workers: FxHashSet<(String, String, WorkerId)> = FxHashSet::default();
-    let mut dropped_instances: FxHashSet<(String, String, u64)> = FxHashSet::default();
-    let mut seeded: Vec<&SavedRegistration> = Vec::new();
-    for saved in &snapshot.registrations {
+/// The registrations merged with the command line: whose watermarks are
+/// seeded, and whose snapshot blocks must go, by index.
+#[derive(Default)]
+struct Merge<'a> {
+    seeded: Vec<&'a SavedRegistration>,
+    dropped_workers: FxHashSet<(String, String, WorkerId)>,
+    dropped_instances: FxHashSet<(String, String, u64)>,
+}
+
+fn merge_registrations<'a>(
+    p: &mut Plan,
+    registrations: &'a [SavedRegistration],
+    dropped_indexes: &FxHashSet<IndexKey>,
+) -> Merge<'a> {
+    let mut m = Merge::default();
+    for saved in registrations {
         let r = &saved.args;
         if dropped_indexes.contains(&(r.model_name.clone(), r.tenant_id.clone())) {
             continue;
@@ -106,7 +150,7 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
                  its snapshot blocks are dropped",
                 w.instance_id, r.model_name, r.tenant_id, c.model_name, c.tenant_id
             ));
-            dropped_instances.insert((r.model_name.clone(), r.tenant_id.clone(), w.instance_id));
+            m.dropped_instances.insert((r.model_name.clone(), r.tenant_id.clone(), w.instance_id));
             continue;
         }
         match p.command_line.iter_mut().find(|c| c.instance_id == w.instance_id && c.dp_rank == w.dp_rank) {
@@ -114,7 +158,7 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
                 if c.replay_endpoint.is_none() {
                     c.replay_endpoint = r.replay_endpoint.clone();
                 }
-                seeded.push(saved);
+                m.seeded.push(saved);
             }
             Some(c) => {
                 p.notes.push(format!(
@@ -122,51 +166,35 @@ pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
                      treating it as a new engine (its snapshot blocks are dropped)",
                     c.endpoint, r.endpoint
                 ));
-                dropped_workers.insert((r.model_name.clone(), r.tenant_id.clone(), w));
+                m.dropped_workers.insert((r.model_name.clone(), r.tenant_id.clone(), w));
             }
             None => {
                 p.saved.push(r.clone());
-                seeded.push(saved);
+                m.seeded.push(saved);
             }
         }
     }
+    m
+}
 
-    // Every registered key, to tell a listener's extra ranks from other keys.
-    let keys: FxHashSet<WorkerId> = p.command_line.iter().chain(&p.saved).map(RegisterArgs::worker).collect();
-    // A dropped worker's stream may have written other ranks too: drop those.
-    for (m, t, w) in dropped_workers.clone() {
-        if let Some(ix) = indexes.iter().find(|ix| ix.model_name == m && ix.tenant_id == t) {
-            for e in &ix.events {
-                let worker = e.event.worker;
-                if worker.instance_id == w.instance_id && !keys.contains(&worker) {
-                    dropped_workers.insert((m.clone(), t.clone(), worker));
-                }
+/// Removes the events of dropped instances and workers from `indexes`; a
+/// dropped worker's stream may have written other ranks too (not
+/// registered keys of their own): those go with it.
+fn drop_blocks(indexes: &mut [SavedIndex], m: &mut Merge<'_>, keys: &FxHashSet<WorkerId>) {
+    for (model, tenant, w) in m.dropped_workers.clone() {
+        for worker in events_of(indexes, &model, &tenant) {
+            if worker.instance_id == w.instance_id && !keys.contains(&worker) {
+                m.dropped_workers.insert((model.clone(), tenant.clone(), worker));
             }
         }
     }
-    for ix in &mut indexes {
-        let (m, t) = (ix.model_name.clone(), ix.tenant_id.clone());
+    for ix in indexes {
+        let (model, tenant) = (ix.model_name.clone(), ix.tenant_id.clone());
         ix.events.retain(|e| {
-            !dropped_instances.contains(&(m.clone(), t.clone(), e.event.worker.instance_id))
-                && !dropped_workers.contains(&(m.clone(), t.clone(), e.event.worker))
+            !m.dropped_instances.contains(&(model.clone(), tenant.clone(), e.event.worker.instance_id))
+                && !m.dropped_workers.contains(&(model.clone(), tenant.clone(), e.event.worker))
         });
     }
-
-    for SavedRegistration { args: r, last_seq } in seeded {
-        let Some(last) = *last_seq else { continue };
-        let mut extra: Vec<u32> = Vec::new();
-        if let Some(ix) = indexes.iter().find(|ix| ix.model_name == r.model_name && ix.tenant_id == r.tenant_id) {
-            for e in &ix.events {
-                let w = e.event.worker;
-                if w.instance_id == r.instance_id && !keys.contains(&w) && !extra.contains(&w.dp_rank) {
-                    extra.push(w.dp_rank);
-                }
-            }
-        }
-        p.watermarks.push((r.worker(), last, extra));
-    }
-    p.indexes = indexes;
-    p
 }
 
 /// Applies `plan` to a fresh registry (ready gate closed). Err only when a
