@@ -191,96 +191,109 @@ fn encode_body(s: &Snapshot) -> Vec<u8> {
     let pairs: u64 = s.pairs();
     let mut out = Vec::with_capacity(64 + pairs as usize * 16 + s.registrations.len() * 128);
     out.extend_from_slice(&(s.registrations.len() as u32).to_le_bytes());
-    for SavedRegistration { args: r, last_seq } in &s.registrations {
-        out.extend_from_slice(&r.instance_id.to_le_bytes());
-        out.extend_from_slice(&r.dp_rank.to_le_bytes());
-        out.extend_from_slice(&r.block_size.to_le_bytes());
-        put_str(&mut out, &r.endpoint);
-        out.push(r.replay_endpoint.is_some() as u8);
-        if let Some(e) = &r.replay_endpoint {
-            put_str(&mut out, e);
-        }
-        put_str(&mut out, &r.model_name);
-        put_str(&mut out, &r.tenant_id);
-        out.push(last_seq.is_some() as u8);
-        if let Some(seq) = last_seq {
-            out.extend_from_slice(&seq.to_le_bytes());
-        }
+    for r in &s.registrations {
+        put_registration(&mut out, r);
     }
     out.extend_from_slice(&(s.indexes.len() as u32).to_le_bytes());
     for ix in &s.indexes {
         put_str(&mut out, &ix.model_name);
         put_str(&mut out, &ix.tenant_id);
         out.extend_from_slice(&ix.block_size.to_le_bytes());
-        let mut table: FxHashMap<WorkerId, u32> = FxHashMap::default();
-        let mut workers: Vec<WorkerId> = Vec::new();
-        for e in &ix.events {
-            table.entry(e.event.worker).or_insert_with(|| {
-                workers.push(e.event.worker);
-                (workers.len() - 1) as u32
-            });
-        }
-        out.extend_from_slice(&(workers.len() as u32).to_le_bytes());
-        for w in &workers {
-            out.extend_from_slice(&w.instance_id.to_le_bytes());
-            out.extend_from_slice(&w.dp_rank.to_le_bytes());
-        }
+        let table = put_workers(&mut out, &ix.events);
         // The count is patched in once the events are written: a stored
-        // chain longer than an event may be is written as chained events,
-        // each under the last block of the one before (applied in order
-        // they store the same chain).
+        // chain longer than an event may be is written as chained events.
         let count_at = out.len();
         out.extend_from_slice(&0u64.to_le_bytes());
-        let mut events = 0u64;
-        for DumpEvent { event: e, orphan } in &ix.events {
-            let head = |out: &mut Vec<u8>, kind: u8, parent: Option<u64>, orphan: Option<&Orphan>| {
-                let tag = e.tier.index() as u8
-                    | kind << TAG_KIND_SHIFT
-                    | if parent.is_some() { TAG_HAS_PARENT } else { 0 }
-                    | if orphan.is_some() { TAG_ORPHAN } else { 0 };
-                out.push(tag);
-                out.extend_from_slice(&table[&e.worker].to_le_bytes());
-                if let Some(p) = parent {
-                    out.extend_from_slice(&p.to_le_bytes());
-                }
-                if let Some(o) = orphan {
-                    put_orphan(out, o);
-                }
-            };
-            match &e.kind {
-                EventKind::Stored { parent, blocks } => {
-                    let mut parent = *parent;
-                    let mut orphan = orphan.as_ref();
-                    // An empty store is still one event.
-                    for piece in blocks.chunks(BLOCKS_PER_EVENT_MAX).chain(blocks.is_empty().then_some(&[][..])) {
-                        head(&mut out, KIND_STORED, parent, orphan.take());
-                        out.extend_from_slice(&(piece.len() as u32).to_le_bytes());
-                        for b in piece {
-                            out.extend_from_slice(&b.engine_hash.to_le_bytes());
-                            out.extend_from_slice(&b.local_hash.to_le_bytes());
-                        }
-                        parent = piece.last().map(|b| b.engine_hash);
-                        events += 1;
-                    }
-                }
-                EventKind::Removed { engine_hashes } => {
-                    // From engines, already within the event limit.
-                    head(&mut out, KIND_REMOVED, None, None);
-                    out.extend_from_slice(&(engine_hashes.len() as u32).to_le_bytes());
-                    for h in engine_hashes {
-                        out.extend_from_slice(&h.to_le_bytes());
-                    }
-                    events += 1;
-                }
-                EventKind::Cleared => {
-                    head(&mut out, KIND_CLEARED, None, None);
-                    events += 1;
-                }
-            }
-        }
+        let events: u64 = ix.events.iter().map(|e| put_event(&mut out, e, &table)).sum();
         out[count_at..count_at + 8].copy_from_slice(&events.to_le_bytes());
     }
     out
+}
+
+fn put_registration(out: &mut Vec<u8>, SavedRegistration { args: r, last_seq }: &SavedRegistration) {
+    out.extend_from_slice(&r.instance_id.to_le_bytes());
+    out.extend_from_slice(&r.dp_rank.to_le_bytes());
+    out.extend_from_slice(&r.block_size.to_le_bytes());
+    put_str(out, &r.endpoint);
+    out.push(r.replay_endpoint.is_some() as u8);
+    if let Some(e) = &r.replay_endpoint {
+        put_str(out, e);
+    }
+    put_str(out, &r.model_name);
+    put_str(out, &r.tenant_id);
+    out.push(last_seq.is_some() as u8);
+    if let Some(seq) = last_seq {
+        out.extend_from_slice(&seq.to_le_bytes());
+    }
+}
+
+/// Writes the index's worker table, in order of first event; each worker's
+/// row in it.
+fn put_workers(out: &mut Vec<u8>, events: &[DumpEvent]) -> FxHashMap<WorkerId, u32> {
+    let mut table: FxHashMap<WorkerId, u32> = FxHashMap::default();
+    let mut workers: Vec<WorkerId> = Vec::new();
+    for e in events {
+        table.entry(e.event.worker).or_insert_with(|| {
+            workers.push(e.event.worker);
+            (workers.len() - 1) as u32
+        });
+    }
+    out.extend_from_slice(&(workers.len() as u32).to_le_bytes());
+    for w in &workers {
+        out.extend_from_slice(&w.instance_id.to_le_bytes());
+        out.extend_from_slice(&w.dp_rank.to_le_bytes());
+    }
+    table
+}
+
+/// Writes one dump event; the events written. A stored chain longer than
+/// an event may be is written as chained events, each under the last block
+/// of the one before (applied in order they store the same chain).
+fn put_event(out: &mut Vec<u8>, DumpEvent { event: e, orphan }: &DumpEvent, table: &FxHashMap<WorkerId, u32>) -> u64 {
+    let head = |out: &mut Vec<u8>, kind: u8, parent: Option<u64>, orphan: Option<&Orphan>| {
+        let tag = e.tier.index() as u8
+            | kind << TAG_KIND_SHIFT
+            | if parent.is_some() { TAG_HAS_PARENT } else { 0 }
+            | if orphan.is_some() { TAG_ORPHAN } else { 0 };
+        out.push(tag);
+        out.extend_from_slice(&table[&e.worker].to_le_bytes());
+        if let Some(p) = parent {
+            out.extend_from_slice(&p.to_le_bytes());
+        }
+        if let Some(o) = orphan {
+            put_orphan(out, o);
+        }
+    };
+    match &e.kind {
+        EventKind::Stored { parent, blocks } => {
+            let (mut parent, mut orphan, mut events) = (*parent, orphan.as_ref(), 0);
+            // An empty store is still one event.
+            for piece in blocks.chunks(BLOCKS_PER_EVENT_MAX).chain(blocks.is_empty().then_some(&[][..])) {
+                head(out, KIND_STORED, parent, orphan.take());
+                out.extend_from_slice(&(piece.len() as u32).to_le_bytes());
+                for b in piece {
+                    out.extend_from_slice(&b.engine_hash.to_le_bytes());
+                    out.extend_from_slice(&b.local_hash.to_le_bytes());
+                }
+                parent = piece.last().map(|b| b.engine_hash);
+                events += 1;
+            }
+            events
+        }
+        EventKind::Removed { engine_hashes } => {
+            // From engines, already within the event limit.
+            head(out, KIND_REMOVED, None, None);
+            out.extend_from_slice(&(engine_hashes.len() as u32).to_le_bytes());
+            for h in engine_hashes {
+                out.extend_from_slice(&h.to_le_bytes());
+            }
+            1
+        }
+        EventKind::Cleared => {
+            head(out, KIND_CLEARED, None, None);
+            1
+        }
+    }
 }
 
 fn put_orphan(out: &mut Vec<u8>, o: &Orphan) {
