@@ -160,6 +160,29 @@ fn token(id: ListenerId, kind: u64) -> u64 {
 /// A thread's listeners, by id.
 type Listeners = FxHashMap<u64, Listener>;
 
+/// What the listener loop keeps from one round to the next, besides its
+/// listeners.
+#[derive(Default)]
+struct Round {
+    /// Sockets to read without waiting: read short of EAGAIN, or just added.
+    hot: Vec<u64>,
+    /// Listeners with a replay running: their sockets, and deadlines.
+    replaying: Vec<u64>,
+    gone: Deadlines,
+    ready: Vec<u64>,
+}
+
+impl Round {
+    /// Arms `l`'s gone deadline and notes a replay it runs (both may have
+    /// changed with what it just read or did).
+    fn track(&mut self, l: &mut Listener) {
+        self.gone.arm(l.id.0, &mut l.reach);
+        if l.replay.is_some() && !self.replaying.contains(&l.id.0) {
+            self.replaying.push(l.id.0);
+        }
+    }
+}
+
 /// The listener thread's loop: runs until shutdown.
 pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
     let mut poller = match Poller::new(&t.bell) {
@@ -170,93 +193,103 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
         }
     };
     let mut ls = Listeners::default();
-    // Sockets to read without waiting: read short of EAGAIN, or just added.
-    let mut hot: Vec<u64> = Vec::new();
-    // Listeners with a replay running: their sockets, and deadlines.
-    let mut replaying: Vec<u64> = Vec::new();
-    let mut gone = Deadlines::default();
-    let mut ready: Vec<u64> = Vec::new();
+    let mut r = Round::default();
     let mut bell_rang = true;
     while !t.shutdown.load(Ordering::Relaxed) {
         // What the last round made reaches the shards before any control
         // message is taken (a removed listener's batches come first).
         flush(&t, &ls);
-        if std::mem::take(&mut bell_rang) {
-            loop {
-                match control.try_recv() {
-                    Ok(msg) => handle_control(&t, &poller, &mut ls, &mut hot, &mut gone, msg),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
-                }
-            }
-            if t.gate_open.load(Ordering::Acquire) {
-                for l in ls.values_mut() {
-                    l.start_fill_if_due(&t);
-                    l.drain_held(&t);
-                    // Draining may have read the monitor.
-                    gone.arm(l.id.0, &mut l.reach);
-                    if l.replay.is_some() && !replaying.contains(&l.id.0) {
-                        replaying.push(l.id.0);
-                    }
-                }
-            }
-            if t.shutdown.load(Ordering::Relaxed) {
-                return;
-            }
+        if std::mem::take(&mut bell_rang)
+            && (!take_control(&t, &control, &poller, &mut ls, &mut r) || t.shutdown.load(Ordering::Relaxed))
+        {
+            return;
         }
         flush(&t, &ls);
-        ready.clear();
+        r.ready.clear();
         // A running replay bounds the wait, for its deadline and its replies.
-        let timeout = match (hot.is_empty(), replaying.is_empty()) {
+        let timeout = match (r.hot.is_empty(), r.replaying.is_empty()) {
             (false, _) => 0,
             (true, true) => -1,
             (true, false) => i32::try_from(t.cfg.poll_timeout_ms).unwrap_or(i32::MAX),
         };
         // An unreachable publisher's deadline bounds it too.
-        let timeout = gone.bound(timeout, Instant::now());
-        if let Err(e) = poller.wait(timeout, &t.bell, &mut ready) {
+        let timeout = r.gone.bound(timeout, Instant::now());
+        if let Err(e) = poller.wait(timeout, &t.bell, &mut r.ready) {
             // Nothing was read. Pause so a lasting error cannot spin the thread.
             crate::error!("waiting on engine sockets failed: {e}");
             std::thread::sleep(Duration::from_millis(t.cfg.poll_timeout_ms));
             continue;
         }
-        ready.append(&mut hot);
-        // A replay's socket is not in the epoll set: it is read every round.
-        ready.extend(replaying.iter().map(|id| id << 2 | REPLAY));
-        ready.sort_unstable();
-        ready.dedup();
-        for &tok in &ready {
-            if tok == BELL {
-                bell_rang = true;
-                continue;
-            }
-            let id = tok >> 2;
-            let Some(l) = ls.get_mut(&id) else { continue };
-            let more = match tok & 3 {
-                MONITOR => l.read_monitor(&t),
-                SUB => l.read_live(&t),
-                _ => l.read_replies(&t),
-            };
-            if more {
-                hot.push(tok);
-            }
-            if std::mem::take(&mut l.monitor_more) {
-                hot.push(token(l.id, MONITOR));
-            }
-            l.after_read(&t);
-            gone.arm(id, &mut l.reach);
-            if l.replay.is_some() && !replaying.contains(&id) {
-                replaying.push(id);
-            }
-        }
-        replaying.retain(|id| {
+        bell_rang = read_ready(&t, &mut ls, &mut r);
+        r.replaying.retain(|id| {
             let Some(l) = ls.get_mut(id) else { return false };
             l.check_replay_deadline(&t);
-            gone.arm(*id, &mut l.reach);
+            r.gone.arm(*id, &mut l.reach);
             l.replay.is_some()
         });
-        clear_gone(&t, &mut ls, &mut gone);
+        clear_gone(&t, &mut ls, &mut r.gone);
     }
+}
+
+/// Takes every control message waiting, then, with the gate open, starts
+/// due fills and drains held batches. False when the control side is gone.
+fn take_control(
+    t: &ThreadCtx,
+    control: &Receiver<Control>,
+    poller: &Poller,
+    ls: &mut Listeners,
+    r: &mut Round,
+) -> bool {
+    loop {
+        match control.try_recv() {
+            Ok(msg) => handle_control(t, poller, ls, &mut r.hot, &mut r.gone, msg),
+            Err(TryRecvError::Empty) => break,
+            Err(TryRecvError::Disconnected) => return false,
+        }
+    }
+    if t.gate_open.load(Ordering::Acquire) {
+        for l in ls.values_mut() {
+            l.start_fill_if_due(t);
+            // Draining may read the monitor.
+            l.drain_held(t);
+            r.track(l);
+        }
+    }
+    true
+}
+
+/// Reads every socket the wait found ready, the hot ones and those of
+/// running replays, in token order; whether the bell rang.
+fn read_ready(t: &ThreadCtx, ls: &mut Listeners, r: &mut Round) -> bool {
+    let mut ready = std::mem::take(&mut r.ready);
+    ready.append(&mut r.hot);
+    // A replay's socket is not in the epoll set: it is read every round.
+    ready.extend(r.replaying.iter().map(|id| id << 2 | REPLAY));
+    ready.sort_unstable();
+    ready.dedup();
+    let mut bell_rang = false;
+    for &tok in &ready {
+        if tok == BELL {
+            bell_rang = true;
+            continue;
+        }
+        let Some(l) = ls.get_mut(&(tok >> 2)) else { continue };
+        let more = match tok & 3 {
+            MONITOR => l.read_monitor(t),
+            SUB => l.read_live(t),
+            _ => l.read_replies(t),
+        };
+        if more {
+            r.hot.push(tok);
+        }
+        if std::mem::take(&mut l.monitor_more) {
+            r.hot.push(token(l.id, MONITOR));
+        }
+        l.after_read(t);
+        r.track(l);
+    }
+    r.ready = ready;
+    bell_rang
 }
 
 /// Clears the workers of every listener whose deadline passed with its
