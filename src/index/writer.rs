@@ -562,23 +562,15 @@ fn place(
             // one go, a stretch of blocks held (or not) alike at a time.
             marks.flush(tree, shared);
             held = None;
-            let hold = how.holds(k);
-            let limit = piece_end.max(k + 1).min(n);
-            let m = (k..limit).position(|j| how.holds(j) != hold).unwrap_or(limit - k);
-            let who = Holder { bit: if hold { bit } else { 0 }, ..holder };
-            let parent = cur.map_or(NIL, |p| p.id);
-            refused = create(tree, shared, who, parent, pos, &how.path.chains[k..k + m], ids, &mut delta);
-            if hold {
-                out.stored += how.counted(k, ids.len());
-            } else {
-                out.duplicate += how.counted(k, ids.len());
-                touched.extend(ids.last().map(|&id| tree.locate(id).0));
+            let stretch =
+                Stretch { holder, parent: cur.map_or(NIL, |p| p.id), pos, k, end: piece_end.max(k + 1).min(n) };
+            match create_stretch(tree, shared, how, stretch, ids, &mut delta, touched, out) {
+                Ok(m) => (cur, pos) = (ids.last().map(|&id| tree.place(id)), pos + m as u32),
+                Err(why) => {
+                    refused = Some(why);
+                    break;
+                }
             }
-            if refused.is_some() {
-                break;
-            }
-            cur = ids.last().map(|&id| tree.place(id));
-            pos += m as u32;
             continue;
         };
         if !how.holds(k) {
@@ -606,6 +598,43 @@ fn place(
     if let Some(why) = refused {
         why.count(out, how.counted(ids.len(), n) as usize);
     }
+}
+
+/// Where `place` creates blocks: from the `k`th block placed, under
+/// `parent` at position `pos`, up to the `end`th at most.
+struct Stretch {
+    holder: Holder,
+    parent: u32,
+    pos: u32,
+    k: usize,
+    end: usize,
+}
+
+/// Creates the blocks of `s` as far as they are held (or not) alike, and
+/// counts them; how many were created, or why the rest is refused.
+#[allow(clippy::too_many_arguments)]
+fn create_stretch(
+    tree: &mut Tree,
+    shared: &Shared,
+    how: &Placing,
+    s: Stretch,
+    ids: &mut Vec<u32>,
+    delta: &mut Delta,
+    touched: &mut Vec<u32>,
+    out: &mut ApplyOutcome,
+) -> Result<usize, Refusal> {
+    let k = s.k;
+    let hold = how.holds(k);
+    let m = (k..s.end).position(|j| how.holds(j) != hold).unwrap_or(s.end - k);
+    let who = Holder { bit: if hold { s.holder.bit } else { 0 }, ..s.holder };
+    let refused = create(tree, shared, who, s.parent, s.pos, &how.path.chains[k..k + m], ids, delta);
+    if hold {
+        out.stored += how.counted(k, ids.len());
+    } else {
+        out.duplicate += how.counted(k, ids.len());
+        touched.extend(ids.last().map(|&id| tree.locate(id).0));
+    }
+    refused.map_or(Ok(m), Err)
 }
 
 /// The records, outside the tree lock: each claimed hash gets the block
