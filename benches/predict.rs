@@ -39,7 +39,9 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kv_indexer::hash::{local_hashes_into, sequence_hashes_into, BASE_SEED};
+use trace::dynamo_hash::sequence_hashes_into;
+
+use kv_indexer::hash::{local_hashes_into, BASE_SEED};
 use kv_indexer::index::{Index, IndexConfig};
 use kv_indexer::predict::{PredictLimits, Predictions};
 use kv_indexer::{Event, EventKind, StorageTier, StoredBlock, WorkerId};

@@ -2,14 +2,14 @@
 //!
 //! A request's tokens are cut into full blocks of `block_size` (the partial
 //! tail is dropped: engines never cache it). Each block gets a *local* hash,
-//! a position-free chunk hash of its tokens, and the prefix gets a *sequence*
-//! hash chain that identifies everything up to and including that block.
-//! The formulas are the ones Dynamo and the Mooncake RFC use, so hashes
-//! computed by a router and by this daemon agree.
+//! a position-free chunk hash of its tokens. The formula is the one Dynamo
+//! and the Mooncake RFC use, so hashes computed by a router and by this
+//! daemon agree. What identifies a whole prefix is the index's own chain
+//! of local hashes (`index::chain`).
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-/// Seed of every local and sequence hash when no LoRA or salt is given.
+/// Seed of every local hash when no LoRA or salt is given.
 pub const BASE_SEED: u64 = 1337;
 
 /// The seed for local hashes of blocks under `lora_name` and `cache_salt`.
@@ -48,30 +48,6 @@ pub fn local_hashes_into(tokens: &[u32], block_size: usize, seed: u64, out: &mut
     out.extend(tokens.chunks_exact(block_size).map(|b| local_hash(b, seed)));
 }
 
-/// The sequence hash of a block whose parent has sequence hash `parent`.
-#[inline]
-pub fn chain_hash(parent: u64, local: u64) -> u64 {
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&parent.to_le_bytes());
-    bytes[8..].copy_from_slice(&local.to_le_bytes());
-    xxh3_64_with_seed(&bytes, BASE_SEED)
-}
-
-/// Replaces `out` with the sequence hashes of the blocks whose local hashes are `locals`.
-pub fn sequence_hashes_into(locals: &[u64], out: &mut Vec<u64>) {
-    out.clear();
-    out.reserve(locals.len());
-    let mut prev = None;
-    for &local in locals {
-        let seq = match prev {
-            None => local,
-            Some(p) => chain_hash(p, local),
-        };
-        out.push(seq);
-        prev = Some(seq);
-    }
-}
-
 /// A block hash as JSON bodies and dumps carry it: any integer in
 /// [-2^63, 2^64), a negative one taken as two's complement.
 pub struct JsonHash(pub u64);
@@ -105,19 +81,12 @@ mod tests {
         out
     }
 
-    fn seqs(locals: &[u64]) -> Vec<u64> {
-        let mut out = Vec::new();
-        sequence_hashes_into(locals, &mut out);
-        out
-    }
-
     const TOKENS: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 
     #[test]
     fn plain_vectors() {
         let l = locals(&TOKENS, 4, seed_for(None, None));
         assert_eq!(l, vec![14643705804678351452, 16777012769546811212]);
-        assert_eq!(seqs(&l), vec![14643705804678351452, 4945711292740353085]);
         assert_eq!(locals(&[9, 10, 11, 12], 4, BASE_SEED), vec![483935686894639516]);
     }
 
@@ -125,14 +94,12 @@ mod tests {
     fn lora_vectors() {
         let l = locals(&TOKENS, 4, seed_for(Some("adapter-a"), None));
         assert_eq!(l, vec![11381080598872079209, 5698110331184095209]);
-        assert_eq!(seqs(&l)[1], 17518568667535815909);
     }
 
     #[test]
     fn salt_vectors() {
         let l = locals(&TOKENS, 4, seed_for(None, Some("tenant-1")));
         assert_eq!(l, vec![12236259103925738072, 16244233118725531467]);
-        assert_eq!(seqs(&l)[1], 10698633946847767502);
     }
 
     #[test]

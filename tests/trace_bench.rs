@@ -13,8 +13,24 @@ use trace::workload::{generate, Assign, OpKind, WorkloadConfig};
 fn seqs(n: u64, base: u64) -> (Vec<u64>, Vec<u64>) {
     let locals: Vec<u64> = (0..n).map(|i| base + i).collect();
     let mut s = Vec::new();
-    kv_indexer::hash::sequence_hashes_into(&locals, &mut s);
+    trace::dynamo_hash::sequence_hashes_into(&locals, &mut s);
     (locals, s)
+}
+
+/// Dynamo's sequence hash vectors (tokens 1..=8, block size 4): the mock
+/// engines' prefix identity is Dynamo's.
+#[test]
+fn sequence_hashes_match_dynamos_vectors() {
+    use kv_indexer::hash::{local_hashes_into, seed_for};
+    let seqs = |lora, salt| {
+        let (mut locals, mut seqs) = (Vec::new(), Vec::new());
+        local_hashes_into(&[1, 2, 3, 4, 5, 6, 7, 8], 4, seed_for(lora, salt), &mut locals);
+        trace::dynamo_hash::sequence_hashes_into(&locals, &mut seqs);
+        seqs
+    };
+    assert_eq!(seqs(None, None), vec![14643705804678351452, 4945711292740353085]);
+    assert_eq!(seqs(Some("adapter-a"), None)[1], 17518568667535815909);
+    assert_eq!(seqs(None, Some("tenant-1"))[1], 10698633946847767502);
 }
 
 #[test]
@@ -57,7 +73,7 @@ fn engine_hits_prefix_and_chains_new_blocks_to_it() {
     let mut lb = la[..2].to_vec();
     lb.push(999);
     let mut sb = Vec::new();
-    kv_indexer::hash::sequence_hashes_into(&lb, &mut sb);
+    trace::dynamo_hash::sequence_hashes_into(&lb, &mut sb);
     let b = e.admit(None, &lb, &sb);
     assert_eq!(b.hit_blocks, 2);
     assert_eq!(b.stored.len(), 1);

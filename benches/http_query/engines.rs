@@ -12,7 +12,11 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use kv_indexer::hash::{chain_hash, local_hash, BASE_SEED};
+use kv_indexer::hash::{local_hash, BASE_SEED};
+
+#[path = "../trace/dynamo_hash.rs"]
+pub mod dynamo_hash;
+use dynamo_hash::chain_hash;
 
 /// Messages a publisher queues per subscriber before ZMQ drops: more than
 /// any population phase sends to one worker, so a slow server never loses one.

@@ -18,8 +18,9 @@
 
 use std::io::BufRead;
 
+use super::engines::dynamo_hash::chain_hash;
 use super::engines::{stored_events, Engine, WireEvent};
-use kv_indexer::hash::{chain_hash, local_hash, BASE_SEED};
+use kv_indexer::hash::{local_hash, BASE_SEED};
 
 pub const BLOCK_SIZE: usize = 16;
 pub const WORKERS: usize = 64;

@@ -7,6 +7,7 @@
 
 pub mod args;
 pub mod backend;
+pub mod dynamo_hash;
 pub mod engine;
 pub mod hashes;
 pub mod mem;

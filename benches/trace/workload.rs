@@ -22,9 +22,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use kv_indexer::hash::{local_hashes_into, sequence_hashes_into, BASE_SEED};
+use kv_indexer::hash::{local_hashes_into, BASE_SEED};
 use rustc_hash::FxHashMap;
 
+use super::dynamo_hash::sequence_hashes_into;
 use super::engine::{Admission, MockEngine, RemovedRec, StoredRec};
 use super::mooncake::TraceRequest;
 use super::tokens::{mix64, output_tokens, prompt_tokens};

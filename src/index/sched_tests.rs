@@ -509,7 +509,9 @@ fn hostile_sequences_keep_the_layout() {
 /// reused hashes, tiers, against the exact model of tests/index_support.
 #[test]
 fn long_events_match_the_exact_model() {
-    use crate::hash::{chain_hash, sequence_hashes_into};
+    #[path = "../../benches/trace/dynamo_hash.rs"]
+    mod dynamo_hash;
+    use dynamo_hash::{chain_hash, sequence_hashes_into};
     use std::collections::HashMap;
     type Tiers = [HashMap<u64, (u32, u64)>; 4];
     fn apply_model(tiers: &mut Tiers, e: &Event) {

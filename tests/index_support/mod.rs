@@ -4,7 +4,10 @@
 //! chunks collide all the time).
 #![allow(dead_code)]
 
-use kv_indexer::hash::chain_hash;
+#[path = "../../benches/trace/dynamo_hash.rs"]
+mod dynamo_hash;
+
+use dynamo_hash::chain_hash;
 use kv_indexer::index::WorkerMatch;
 use kv_indexer::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
 use std::collections::{BTreeMap, HashMap};
@@ -94,7 +97,7 @@ pub fn depths(tiers: &Tiers, seqs: &[u64]) -> (u32, u32, u32) {
 /// The query's sequence hashes, the model's identity of a prefix.
 pub fn seqs(locals: &[u64]) -> Vec<u64> {
     let mut s = Vec::new();
-    kv_indexer::hash::sequence_hashes_into(locals, &mut s);
+    dynamo_hash::sequence_hashes_into(locals, &mut s);
     s
 }
 
