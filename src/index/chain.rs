@@ -18,7 +18,8 @@
 //! multiply (F, DQ, VL; detected at run time) a query works out the mixes
 //! of eight blocks at a time in two 256-bit vectors (`extend`), and a test
 //! holds them equal to the portable loop. Chains never leave the process,
-//! so changing the function changes no format.
+//! so changing the function changes no format. Predictions key their
+//! bookings by the same chains (`chains_into`, `Chains`).
 
 /// The chain hash of the block at position `pos` (at least 1) with local
 /// hash `local`, under a parent with chain `parent`.
@@ -139,6 +140,19 @@ impl<'a> Chains<'a> {
         self.next = i + 1;
         c
     }
+}
+
+/// Replaces `out` with the chain hashes of a whole prefix whose local
+/// hashes are `locals`.
+pub(crate) fn chains_into(locals: &[u64], out: &mut Vec<u64>) {
+    out.clear();
+    let Some(&first) = locals.first() else { return };
+    // `extend` writes a ring: one at least as long as the prefix keeps
+    // every chain at its position.
+    out.resize(locals.len().next_power_of_two(), 0);
+    out[0] = first;
+    extend(out, locals, 1, locals.len(), first, wide_mixes());
+    out.truncate(locals.len());
 }
 
 /// Blocks whose mixes are worked out together before they are added along
@@ -290,6 +304,24 @@ mod tests {
         }
         assert_eq!(local_of(None, 42, 0), 42);
         assert_eq!(local_of(Some(1), next(1, 9, u32::MAX), u32::MAX), 9);
+    }
+
+    #[test]
+    fn whole_prefix_chains_match_stepwise_ones() {
+        let mut out = vec![7];
+        chains_into(&[], &mut out);
+        assert!(out.is_empty());
+        for n in [1usize, 2, 8, 9, 100] {
+            let locals: Vec<u64> = (0..n as u64).map(|i| i.wrapping_mul(K2) ^ 3).collect();
+            chains_into(&locals, &mut out);
+            let mut c = locals[0];
+            assert_eq!(out[0], c);
+            for i in 1..n {
+                c = next(c, locals[i], i as u32);
+                assert_eq!(out[i], c, "{n} blocks, position {i}");
+            }
+            assert_eq!(out.len(), n);
+        }
     }
 
     #[test]

@@ -93,6 +93,7 @@ mod workers;
 mod writer;
 
 pub use budget::Budget;
+pub(crate) use chain::{chains_into, Chains};
 pub use dump::{DumpEvent, Orphan};
 pub use load::Loaded;
 pub use reclaim::reclaim;

@@ -9,10 +9,9 @@
 //! end or differ, and the next booking is probed from there. The query's
 //! prefix hashes are computed only as deep as that walk goes.
 
-use super::prefix::LazyPrefixes;
 use super::store::Predictions;
 use crate::event::WorkerId;
-use crate::index::Matches;
+use crate::index::{Chains, Matches};
 use std::cell::RefCell;
 
 /// One worker's predicted depth, in blocks: more than its device depth.
@@ -37,8 +36,10 @@ impl Predictions {
         }
         PREFIXES.with(|p| {
             DEVICE.with(|d| match (p.try_borrow_mut(), d.try_borrow_mut()) {
-                (Ok(mut p), Ok(mut d)) => self.walk(matches, LazyPrefixes::new(locals, &mut p), &mut d, now_ms),
-                _ => self.walk(matches, LazyPrefixes::new(locals, &mut Vec::new()), &mut Vec::new(), now_ms),
+                // A ring as long as the query: the walk of each worker
+                // starts over from its own device depth.
+                (Ok(mut p), Ok(mut d)) => self.walk(matches, Chains::new(locals, &mut p, locals.len()), &mut d, now_ms),
+                _ => self.walk(matches, Chains::new(locals, &mut Vec::new(), locals.len()), &mut Vec::new(), now_ms),
             })
         })
     }
@@ -46,7 +47,7 @@ impl Predictions {
     fn walk(
         &self,
         matches: &Matches,
-        mut q: LazyPrefixes<'_>,
+        mut q: Chains<'_>,
         device: &mut Vec<(WorkerId, u32)>,
         now_ms: u64,
     ) -> Vec<Predicted> {

@@ -11,8 +11,8 @@
 //!
 //! Rules:
 //! - A booking is the request's blocks past the worker's device depth at
-//!   booking time, keyed by position-aware prefix hashes of the request's
-//!   local hashes (`prefix`), with an expiry instant. Nothing inside the
+//!   booking time, keyed by the index's chain hashes of the request's
+//!   local hashes (`index::chain`), with an expiry instant. Nothing inside the
 //!   index changes: predictions never appear as `gpu`, `cpu`, `disk`,
 //!   `scores`, in `/dump` or in snapshots.
 //! - A worker's predicted depth for a query is the longest prefix whose
@@ -32,21 +32,19 @@
 //!   booking of exactly its blocks renews that booking instead of adding blocks.
 //! - An index without a live booking costs a query one relaxed atomic load.
 //!
-//! Files: `prefix` (the hash chain), `limits` (the shared cap, TTLs and
+//! Files: `limits` (the shared cap, TTLs and
 //! counters, the clock), `store` (bookings per worker: book, confirm,
 //! drop, sweep), `lookup` (predicted depths for a query), `request` (the
 //! `/routed` body), `routed` (a request to a booking).
 
 mod limits;
 mod lookup;
-mod prefix;
 mod request;
 mod routed;
 mod store;
 
 pub use limits::{now_ms, PredictCounters, PredictLimits, MAX_BLOCKS_DEFAULT, TTL_MS_DEFAULT, TTL_MS_MAX};
 pub use lookup::Predicted;
-pub use prefix::prefix_hashes_into;
 pub use request::{parse_routed, RoutedHashes, RoutedRequest, ROUTED_BODY_BYTES_MAX};
 pub use routed::{book, Booked};
 pub use store::{Predictions, RoutedError};

@@ -16,9 +16,8 @@
 //! only what is due.
 
 use super::limits::PredictLimits;
-use super::prefix::prefix_hashes_into;
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
-use crate::index::ApplyOutcome;
+use crate::index::{chains_into, ApplyOutcome};
 use parking_lot::RwLock;
 use rustc_hash::FxHashMap;
 use std::cmp::Reverse;
@@ -135,7 +134,7 @@ impl Predictions {
             return Ok(0);
         }
         let mut prefixes = Vec::new();
-        prefix_hashes_into(locals, &mut prefixes);
+        chains_into(locals, &mut prefixes);
         let expires_ms = now_ms.saturating_add(ttl_ms);
         let k = (n - from) as u64;
         let mut book = self.book.write();
