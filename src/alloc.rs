@@ -48,7 +48,7 @@ pub fn configure() {
         }
         // The daemon waits for SIGTERM and SIGINT in one thread; every other
         // thread, this one included, must be spawned with them blocked.
-        kv_indexer::signals::block();
+        kv_indexer::daemon::signals::block();
         let trim = std::thread::Builder::new().name("malloc-trim".into()).spawn(trim_loop);
         // Without the thread the daemon runs as before, only holding more memory.
         drop(trim);

@@ -108,7 +108,7 @@ fn a_dump_over_the_limit_is_refused_before_it_is_downloaded() {
         // Holds the connection until the client gives up on it.
         let _ = s.read(&mut request);
     });
-    let err = kv_indexer::recovery::fetch_dump(&url, std::time::Duration::from_secs(20)).unwrap_err();
+    let err = kv_indexer::daemon::recovery::fetch_dump(&url, std::time::Duration::from_secs(20)).unwrap_err();
     assert_eq!(err, format!("the dump is {} bytes; the limit is {DUMP_BYTES_MAX}", DUMP_BYTES_MAX + 1));
     peer.join().unwrap();
 }

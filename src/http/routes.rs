@@ -13,7 +13,7 @@ use crate::hash::{local_hashes_into, seed_for};
 use crate::ingest::ListenerStatus;
 use crate::metrics::Prom;
 use crate::peers::{PeerAdded, Peers, PEERS_MAX};
-use crate::readiness::Readiness;
+use crate::registry::readiness::Readiness;
 use crate::registry::{Registry, RegistryError, TENANT_DEFAULT};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -366,10 +366,10 @@ impl Api {
     fn metrics_text(&self, s: &mut Scratch) -> Answer {
         let mut p = Prom::default();
         self.metrics.render(&mut p);
-        crate::state_metrics::render(&mut p, &self.registry, &self.readiness);
+        crate::registry::state_metrics::render(&mut p, &self.registry, &self.readiness);
         let (help, refused) = ("Mutating requests refused for a missing or wrong admin token.", &self.auth_refused);
         p.single("kv_indexer_auth_refused_total", "counter", help, refused.load(Ordering::Relaxed) as f64);
-        crate::process_metrics::render(&mut p);
+        crate::metrics::process::render(&mut p);
         if let Some(log) = &self.access_log {
             let help = "Access log lines dropped because the writer's queue was full.";
             p.single("kv_indexer_access_log_dropped_total", "counter", help, log.dropped() as f64);

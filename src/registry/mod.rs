@@ -9,13 +9,17 @@
 //! request leaves no trace. Queries look an index up without the registry's
 //! lock.
 
+pub mod event_status;
+pub mod readiness;
+pub mod state_metrics;
+
 use crate::dump::DumpEntry;
 use crate::event::{Event, StorageTier, WorkerId};
-use crate::event_status::ApplyCounters;
 use crate::index::{ApplyOutcome, Budget, Index, IndexConfig};
 use crate::ingest::{EventSink, Ingest, IngestError, ListenerId, ListenerInfo, ListenerSpec};
 use crate::predict::{Booked, PredictLimits, Predictions, RoutedError, RoutedRequest};
 use dashmap::DashMap;
+use event_status::ApplyCounters;
 use parking_lot::{Mutex, RwLock};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

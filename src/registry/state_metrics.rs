@@ -3,7 +3,7 @@
 
 use crate::ingest::EVENT_LAG_BUCKETS_S;
 use crate::metrics::Prom;
-use crate::readiness::Readiness;
+use crate::registry::readiness::Readiness;
 use crate::registry::{Origin, Registry};
 use std::sync::atomic::Ordering;
 

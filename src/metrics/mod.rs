@@ -3,6 +3,8 @@
 //! scrape time. Names keep Dynamo's `dynamo_kvindexer_*` families; the rest
 //! are `kv_indexer_*`.
 
+pub mod process;
+
 use std::fmt::Write;
 
 /// A Prometheus text writer.

@@ -23,13 +23,17 @@
 //! readiness checks, one at a time; SIGHUPs that arrive meanwhile make one
 //! more.
 
+pub mod notify;
+pub mod recovery;
+pub mod signals;
+pub mod unix_socket;
+
 use crate::config::Config;
 use crate::http::routes::Api;
 use crate::http::server::HttpServer;
 use crate::ingest::{Ingest, IngestConfig};
 use crate::peers::Peers;
-use crate::readiness::Readiness;
-use crate::recovery;
+use crate::registry::readiness::Readiness;
 use crate::registry::Registry;
 use crate::snapshot::{self, Periodic, SnapshotDir};
 use crate::workers_file::{Entry, WorkersFile};
@@ -42,10 +46,10 @@ use std::time::Duration;
 pub fn run(cfg: Config) -> Result<(), String> {
     crate::log::init(cfg.log_level, cfg.log_format);
     raise_open_files_limit();
-    crate::signals::block();
-    let hangup = crate::signals::Hangup::default();
-    let stop = crate::signals::wait_for_stop(hangup.clone());
-    let extender = crate::notify::StartupExtender::start();
+    signals::block();
+    let hangup = signals::Hangup::default();
+    let stop = signals::wait_for_stop(hangup.clone());
+    let extender = notify::StartupExtender::start();
     let access_log = crate::http::access_log::AccessLog::open(&cfg.access_log)?.map(Arc::new);
     let workers_file = cfg.workers_file.clone().map(WorkersFile::new);
     let reread = on_hangup(&hangup, access_log.clone(), workers_file.is_some());
@@ -111,7 +115,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
     });
     let http = HttpServer::start(&cfg.host, cfg.port, cfg.unix_socket.as_deref(), cfg.http, api)?;
     if let Some(path) = &cfg.unix_socket {
-        crate::unix_socket::grant(path)?;
+        unix_socket::grant(path)?;
     }
     crate::info!(
         "kv-indexer {} listening on {}:{}{}",
@@ -149,7 +153,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             }
             let status = now.as_ref().map_or_else(|why| why.as_str(), |()| "ready");
             let ready = if reported.is_none() { "READY=1\n" } else { "" };
-            crate::notify::notify(&format!("{ready}STATUS={status}"));
+            notify::notify(&format!("{ready}STATUS={status}"));
             reported = Some(now);
         }
         select! {
@@ -164,7 +168,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         }
     };
     crate::info!("stopping on signal {signal}");
-    crate::notify::notify("STOPPING=1");
+    notify::notify("STOPPING=1");
     http.stop();
     // At most one snapshot write on stop (see `snapshot::Periodic::stop`),
     // while ingest still runs: the watermarks-first capture stays consistent.
@@ -192,7 +196,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
 /// workers file) ask the main loop to reread it through the returned
 /// channel. One pending reread is enough, however many SIGHUPs come.
 fn on_hangup(
-    hangup: &crate::signals::Hangup,
+    hangup: &signals::Hangup,
     access_log: Option<Arc<crate::http::access_log::AccessLog>>,
     workers_file: bool,
 ) -> Receiver<()> {
