@@ -29,6 +29,7 @@ pub mod signals;
 pub mod unix_socket;
 
 use crate::config::Config;
+use crate::http::access_log::AccessLog;
 use crate::http::routes::Api;
 use crate::http::server::HttpServer;
 use crate::ingest::{Ingest, IngestConfig};
@@ -47,10 +48,34 @@ pub fn run(cfg: Config) -> Result<(), String> {
     crate::log::init(cfg.log_level, cfg.log_format);
     raise_open_files_limit();
     signals::block();
+    let running = start(&cfg)?;
+    let signal = running.serve();
+    running.stop(&cfg, signal);
+    Ok(())
+}
+
+/// What a started daemon holds until it stops.
+struct Running {
+    hangup: signals::Hangup,
+    stop: Receiver<i32>,
+    reread: Receiver<()>,
+    access_log: Option<Arc<AccessLog>>,
+    workers_file: Option<WorkersFile>,
+    snapshot_dir: Option<Arc<SnapshotDir>>,
+    periodic: Option<Periodic>,
+    ingest: Arc<Ingest>,
+    registry: Arc<Registry>,
+    readiness: Arc<Readiness>,
+    http: HttpServer,
+}
+
+/// Starts everything in the order of the module doc, up to a recovered
+/// state the API serves.
+fn start(cfg: &Config) -> Result<Running, String> {
     let hangup = signals::Hangup::default();
     let stop = signals::wait_for_stop(hangup.clone());
     let extender = notify::StartupExtender::start();
-    let access_log = crate::http::access_log::AccessLog::open(&cfg.access_log)?.map(Arc::new);
+    let access_log = AccessLog::open(&cfg.access_log)?.map(Arc::new);
     let workers_file = cfg.workers_file.clone().map(WorkersFile::new);
     let reread = on_hangup(&hangup, access_log.clone(), workers_file.is_some());
 
@@ -58,6 +83,50 @@ pub fn run(cfg: Config) -> Result<(), String> {
     let snapshot_dir = cfg.snapshot_dir.as_deref().map(SnapshotDir::open).transpose()?.map(Arc::new);
     let saved = snapshot_dir.as_ref().and_then(|d| d.load());
     let recovering = !cfg.peers.is_empty() || saved.is_some();
+    let restored = saved.is_some();
+    let ingest = start_ingest(cfg, recovering)?;
+    let budget = Arc::new(crate::index::Budget::new(cfg.max_pairs));
+    let predict = crate::predict::PredictLimits::new(cfg.predict_max_blocks, cfg.predict_ttl_ms);
+    let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump, budget).with_predict(predict));
+    register_workers(cfg, &registry, workers_file.as_ref(), saved)?;
+
+    let readiness =
+        Arc::new(Readiness { recovered: AtomicBool::new(!recovering), min_workers: cfg.min_initial_workers });
+    let peers = Arc::new(Peers::new(cfg.peers.clone()));
+    let http = serve_api(cfg, &registry, &peers, &readiness, &access_log)?;
+    if recovering {
+        if !cfg.peers.is_empty() {
+            std::thread::sleep(Duration::from_millis(cfg.slow_joiner_ms));
+            recovery::recover(&registry, &peers.list(), Duration::from_millis(cfg.peer_timeout_ms), restored);
+        }
+        ingest.open_ready_gate();
+        readiness.recovered.store(true, Ordering::Release);
+    }
+    let periodic = match &snapshot_dir {
+        Some(dir) if cfg.snapshot_interval_s > 0 => {
+            Some(Periodic::start(dir.clone(), registry.clone(), cfg.snapshot_interval_s).map_err(|e| e.to_string())?)
+        }
+        _ => None,
+    };
+    // Serving a recovered state: systemd may consider the start done.
+    drop(extender);
+    Ok(Running {
+        hangup,
+        stop,
+        reread,
+        access_log,
+        workers_file,
+        snapshot_dir,
+        periodic,
+        ingest,
+        registry,
+        readiness,
+        http,
+    })
+}
+
+/// The ingest pipeline, its ready gate closed while the daemon recovers.
+fn start_ingest(cfg: &Config, recovering: bool) -> Result<Arc<Ingest>, String> {
     let ingest_cfg = IngestConfig {
         listener_threads: cfg.listener_threads,
         shard_threads: cfg.writer_threads,
@@ -71,21 +140,27 @@ pub fn run(cfg: Config) -> Result<(), String> {
     if let Some(us) = cfg.ingest_coalesce_us {
         crate::warn!("--ingest-coalesce-us {us} is ignored: listeners apply each event as soon as they read it");
     }
-    let ingest = Arc::new(Ingest::start(ingest_cfg).map_err(|e| e.to_string())?);
-    let budget = Arc::new(crate::index::Budget::new(cfg.max_pairs));
-    let predict = crate::predict::PredictLimits::new(cfg.predict_max_blocks, cfg.predict_ttl_ms);
-    let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump, budget).with_predict(predict));
-    let file_entries = match &workers_file {
+    Ok(Arc::new(Ingest::start(ingest_cfg).map_err(|e| e.to_string())?))
+}
+
+/// Registers `--workers` and the workers file's entries, merged with a
+/// saved snapshot's registrations when there is one.
+fn register_workers(
+    cfg: &Config,
+    registry: &Registry,
+    workers_file: Option<&WorkersFile>,
+    saved: Option<snapshot::Snapshot>,
+) -> Result<(), String> {
+    let file_entries = match workers_file {
         Some(f) => read_workers_file(f, &cfg.workers)?,
         None => Vec::new(),
     };
     let mut workers = cfg.workers.clone();
-    let restored = saved.is_some();
     match saved {
         Some(s) => {
             // The file's entries merge with the snapshot as the command line's do.
             workers.extend(file_entries.iter().map(|e| e.args.clone()));
-            snapshot::restore(&registry, snapshot::plan(s, workers))?;
+            snapshot::restore(registry, snapshot::plan(s, workers))?;
             for e in &file_entries {
                 registry.adopt_from_file(&e.args);
             }
@@ -96,13 +171,20 @@ pub fn run(cfg: Config) -> Result<(), String> {
             }
         }
     }
-    if let Some(f) = &workers_file {
-        f.apply(&registry, &file_entries, "at start")?;
+    if let Some(f) = workers_file {
+        f.apply(registry, &file_entries, "at start")?;
     }
+    Ok(())
+}
 
-    let readiness =
-        Arc::new(Readiness { recovered: AtomicBool::new(!recovering), min_workers: cfg.min_initial_workers });
-    let peers = Arc::new(Peers::new(cfg.peers.clone()));
+/// Starts the HTTP API on TCP and, with `--unix-socket`, on its socket.
+fn serve_api(
+    cfg: &Config,
+    registry: &Arc<Registry>,
+    peers: &Arc<Peers>,
+    readiness: &Arc<Readiness>,
+    access_log: &Option<Arc<AccessLog>>,
+) -> Result<HttpServer, String> {
     let api = Arc::new(Api {
         registry: registry.clone(),
         peers: peers.clone(),
@@ -124,82 +206,71 @@ pub fn run(cfg: Config) -> Result<(), String> {
         http.tcp_addr.port(),
         cfg.unix_socket.as_ref().map(|p| format!(" and {}", p.display())).unwrap_or_default()
     );
+    Ok(http)
+}
 
-    if recovering {
-        if !cfg.peers.is_empty() {
-            std::thread::sleep(Duration::from_millis(cfg.slow_joiner_ms));
-            recovery::recover(&registry, &peers.list(), Duration::from_millis(cfg.peer_timeout_ms), restored);
-        }
-        ingest.open_ready_gate();
-        readiness.recovered.store(true, Ordering::Release);
-    }
-    let periodic = match &snapshot_dir {
-        Some(dir) if cfg.snapshot_interval_s > 0 => {
-            Some(Periodic::start(dir.clone(), registry.clone(), cfg.snapshot_interval_s).map_err(|e| e.to_string())?)
-        }
-        _ => None,
-    };
-
-    // Serving a recovered state: systemd may consider the start done. The
-    // worker gate is reported as it changes; stop waiting if asked to stop.
-    drop(extender);
-    let mut reported: Option<Result<(), String>> = None;
-    let signal = loop {
-        let now = readiness.check(&registry);
-        if reported.as_ref() != Some(&now) {
-            match &now {
-                Ok(()) => crate::info!("ready"),
-                Err(why) => crate::info!("serving; not ready for routing yet: {why}"),
-            }
-            let status = now.as_ref().map_or_else(|why| why.as_str(), |()| "ready");
-            let ready = if reported.is_none() { "READY=1\n" } else { "" };
-            notify::notify(&format!("{ready}STATUS={status}"));
-            reported = Some(now);
-        }
-        select! {
-            recv(stop) -> sig => break sig.unwrap_or(0),
-            recv(reread) -> _ => {
-                if let Some(f) = &workers_file {
-                    // Counted and logged; a failed read changed nothing or is retried by the next.
-                    let _ = f.reload(&registry, "on SIGHUP");
+impl Running {
+    /// Reports readiness as it changes (READY=1 the first time) and rereads
+    /// the workers file on SIGHUP, until a stop signal, which it returns.
+    fn serve(&self) -> i32 {
+        let mut reported: Option<Result<(), String>> = None;
+        loop {
+            let now = self.readiness.check(&self.registry);
+            if reported.as_ref() != Some(&now) {
+                match &now {
+                    Ok(()) => crate::info!("ready"),
+                    Err(why) => crate::info!("serving; not ready for routing yet: {why}"),
                 }
+                let status = now.as_ref().map_or_else(|why| why.as_str(), |()| "ready");
+                let ready = if reported.is_none() { "READY=1\n" } else { "" };
+                notify::notify(&format!("{ready}STATUS={status}"));
+                reported = Some(now);
             }
-            default(Duration::from_millis(100)) => {}
-        }
-    };
-    crate::info!("stopping on signal {signal}");
-    notify::notify("STOPPING=1");
-    http.stop();
-    // At most one snapshot write on stop (see `snapshot::Periodic::stop`),
-    // while ingest still runs: the watermarks-first capture stays consistent.
-    let just_written = periodic.is_some_and(Periodic::stop);
-    if let Some(dir) = snapshot_dir.as_ref().filter(|_| !just_written) {
-        if let Some(s) = dir.save_logged(&registry, "stop") {
-            crate::info!("snapshot written on stop: {} bytes, {} pairs", s.bytes, s.pairs);
+            select! {
+                recv(self.stop) -> sig => return sig.unwrap_or(0),
+                recv(self.reread) -> _ => {
+                    if let Some(f) = &self.workers_file {
+                        // Counted and logged; a failed read changed nothing or is retried by the next.
+                        let _ = f.reload(&self.registry, "on SIGHUP");
+                    }
+                }
+                default(Duration::from_millis(100)) => {}
+            }
         }
     }
-    ingest.shutdown();
-    if let Ok(mut h) = hangup.lock() {
-        *h = None;
+
+    /// Closes the API, writes the last snapshot while ingest still runs,
+    /// then stops ingest and the access log.
+    fn stop(self, cfg: &Config, signal: i32) {
+        crate::info!("stopping on signal {signal}");
+        notify::notify("STOPPING=1");
+        self.http.stop();
+        // At most one snapshot write on stop (see `snapshot::Periodic::stop`),
+        // while ingest still runs: the watermarks-first capture stays consistent.
+        let just_written = self.periodic.is_some_and(Periodic::stop);
+        if let Some(dir) = self.snapshot_dir.as_ref().filter(|_| !just_written) {
+            if let Some(s) = dir.save_logged(&self.registry, "stop") {
+                crate::info!("snapshot written on stop: {} bytes, {} pairs", s.bytes, s.pairs);
+            }
+        }
+        self.ingest.shutdown();
+        if let Ok(mut h) = self.hangup.lock() {
+            *h = None;
+        }
+        if let Some(log) = &self.access_log {
+            log.stop();
+        }
+        if let Some(p) = &cfg.unix_socket {
+            let _ = std::fs::remove_file(p);
+        }
+        crate::info!("stopped");
     }
-    if let Some(log) = &access_log {
-        log.stop();
-    }
-    if let Some(p) = &cfg.unix_socket {
-        let _ = std::fs::remove_file(p);
-    }
-    crate::info!("stopped");
-    Ok(())
 }
 
 /// Sets what SIGHUP does: reopen the access log, if any, and (with a
 /// workers file) ask the main loop to reread it through the returned
 /// channel. One pending reread is enough, however many SIGHUPs come.
-fn on_hangup(
-    hangup: &signals::Hangup,
-    access_log: Option<Arc<crate::http::access_log::AccessLog>>,
-    workers_file: bool,
-) -> Receiver<()> {
+fn on_hangup(hangup: &signals::Hangup, access_log: Option<Arc<AccessLog>>, workers_file: bool) -> Receiver<()> {
     // Without a workers file nothing is ever sent (and the loop must not
     // see a closed channel, which would be ready at once, every round).
     let (tx, rx) = if workers_file {
