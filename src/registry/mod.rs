@@ -516,17 +516,7 @@ impl Registry {
             })
             .cloned()
             .collect();
-        let mut held: Vec<(Arc<IndexHandle>, WorkerId)> = Vec::new();
-        for h in self.indexes.iter().map(|e| e.value().clone()) {
-            if h.model_name != model_name || tenant_id.is_some_and(|t| h.tenant_id != t) {
-                continue;
-            }
-            for w in h.index.workers() {
-                if w.instance_id == instance_id && dp_rank.is_none_or(|d| w.dp_rank == d) {
-                    held.push((h.clone(), w));
-                }
-            }
-        }
+        let mut held = self.held_workers(instance_id, model_name, tenant_id, dp_rank);
         let scope = format!(
             "{}{}",
             tenant_id.map(|t| format!(" tenant={t:?}")).unwrap_or_default(),
@@ -538,34 +528,82 @@ impl Registry {
             )));
         }
         for r in &regs {
-            let fed = self.ingest.remove_listener(r.listener);
-            registered.remove(&r.worker);
-            let Some(h) = self.index(&r.model_name, &r.tenant_id) else {
+            self.close_registration(r, &mut registered, &mut held);
+        }
+        self.remove_held(&held);
+        let touched = regs.iter().filter_map(|r| self.index(&r.model_name, &r.tenant_id));
+        self.drop_unregistered_indexes(touched.chain(held.iter().map(|(h, _)| h.clone())), &registered);
+        crate::info!(
+            "unregistered instance {instance_id} model={model_name:?}{scope}: {} listener(s), {} worker(s)",
+            regs.len(),
+            held.len()
+        );
+        Ok(())
+    }
+
+    /// The workers of an instance of a model that some index holds blocks of
+    /// (of every tenant when `tenant_id` is None, every rank when `dp_rank` is).
+    fn held_workers(
+        &self,
+        instance_id: u64,
+        model_name: &str,
+        tenant_id: Option<&str>,
+        dp_rank: Option<u32>,
+    ) -> Vec<(Arc<IndexHandle>, WorkerId)> {
+        let mut held = Vec::new();
+        for h in self.indexes.iter().map(|e| e.value().clone()) {
+            if h.model_name != model_name || tenant_id.is_some_and(|t| h.tenant_id != t) {
                 continue;
-            };
-            h.set_registered(r.worker, false);
-            // Its bookings go even if it never stored a block (and so is not held).
-            h.predictions.drop_worker(r.worker);
-            let ranks = fed.unwrap_or_else(|e| {
-                // Which ranks it fed is unknown: take every rank of the
-                // instance that no registration still feeds itself.
-                crate::warn!(
-                    "closing the listener of instance {} dp_rank {}: {e}; removing all its unregistered ranks",
-                    r.worker.instance_id,
-                    r.worker.dp_rank
-                );
-                let workers = h.index.workers().into_iter();
-                let orphans = workers.filter(|w| w.instance_id == instance_id && !registered.contains_key(w));
-                std::iter::once(r.worker.dp_rank).chain(orphans.map(|w| w.dp_rank)).collect()
-            });
-            for rank in ranks {
-                let w = WorkerId::new(instance_id, rank);
-                if !held.iter().any(|(x, y)| Arc::ptr_eq(x, &h) && *y == w) {
+            }
+            for w in h.index.workers() {
+                if w.instance_id == instance_id && dp_rank.is_none_or(|d| w.dp_rank == d) {
                     held.push((h.clone(), w));
                 }
             }
         }
-        for (h, w) in &held {
+        held
+    }
+
+    /// Ends registration `r`: closes its listener, forgets it, drops its
+    /// bookings, and adds to `held` every worker its listener fed.
+    fn close_registration(
+        &self,
+        r: &Registration,
+        registered: &mut BTreeMap<WorkerId, Registration>,
+        held: &mut Vec<(Arc<IndexHandle>, WorkerId)>,
+    ) {
+        let fed = self.ingest.remove_listener(r.listener);
+        registered.remove(&r.worker);
+        let Some(h) = self.index(&r.model_name, &r.tenant_id) else {
+            return;
+        };
+        h.set_registered(r.worker, false);
+        // Its bookings go even if it never stored a block (and so is not held).
+        h.predictions.drop_worker(r.worker);
+        let instance_id = r.worker.instance_id;
+        let ranks = fed.unwrap_or_else(|e| {
+            // Which ranks it fed is unknown: take every rank of the
+            // instance that no registration still feeds itself.
+            crate::warn!(
+                "closing the listener of instance {} dp_rank {}: {e}; removing all its unregistered ranks",
+                r.worker.instance_id,
+                r.worker.dp_rank
+            );
+            let workers = h.index.workers().into_iter();
+            let orphans = workers.filter(|w| w.instance_id == instance_id && !registered.contains_key(w));
+            std::iter::once(r.worker.dp_rank).chain(orphans.map(|w| w.dp_rank)).collect()
+        });
+        for rank in ranks {
+            let w = WorkerId::new(instance_id, rank);
+            if !held.iter().any(|(x, y)| Arc::ptr_eq(x, &h) && *y == w) {
+                held.push((h.clone(), w));
+            }
+        }
+    }
+
+    /// Removes each held worker's blocks through its shard.
+    fn remove_held(&self, held: &[(Arc<IndexHandle>, WorkerId)]) {
+        for (h, w) in held {
             let sink: Arc<dyn EventSink> = h.clone();
             if let Err(e) = self.ingest.remove_worker(*w, sink) {
                 // The shard did not answer; remove directly rather than leave blocks behind.
@@ -573,12 +611,16 @@ impl Registry {
                 h.remove_worker(*w);
             }
         }
+    }
+
+    /// Drops each of `touched` that no registration is left on (as Dynamo does).
+    fn drop_unregistered_indexes(
+        &self,
+        touched: impl Iterator<Item = Arc<IndexHandle>>,
+        registered: &BTreeMap<WorkerId, Registration>,
+    ) {
         let mut emptied: Vec<Arc<IndexHandle>> = Vec::new();
-        for h in regs
-            .iter()
-            .filter_map(|r| self.index(&r.model_name, &r.tenant_id))
-            .chain(held.iter().map(|(h, _)| h.clone()))
-        {
+        for h in touched {
             let key = (h.model_name.clone(), h.tenant_id.clone());
             let still_registered = registered.values().any(|r| (&r.model_name, &r.tenant_id) == (&key.0, &key.1));
             if !still_registered && !emptied.iter().any(|e| Arc::ptr_eq(e, &h)) {
@@ -589,12 +631,6 @@ impl Registry {
                 emptied.push(h);
             }
         }
-        crate::info!(
-            "unregistered instance {instance_id} model={model_name:?}{scope}: {} listener(s), {} worker(s)",
-            regs.len(),
-            held.len()
-        );
-        Ok(())
     }
 
     /// Books a routed request's blocks as predicted for its worker. At the
