@@ -4,13 +4,26 @@
 use crate::ingest::EVENT_LAG_BUCKETS_S;
 use crate::metrics::Prom;
 use crate::registry::readiness::Readiness;
-use crate::registry::{Origin, Registry};
+use crate::registry::{IndexHandle, Origin, Registry};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Registry, ingest and index figures for `/metrics`.
 pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
     let indexes = registry.indexes();
-    p.single("dynamo_kvindexer_models", "gauge", "Indexes by (model, tenant).", indexes.len() as f64);
+    render_registry(p, registry, readiness, indexes.len());
+    render_indexes(p, registry, &indexes);
+    render_predictions(p, registry);
+    registry.counters.render(p);
+    render_ingest(p, registry);
+    render_event_lag(p, registry);
+    render_listeners(p, registry);
+    render_workers_file(p, registry);
+}
+
+/// How many indexes, workers and listeners, and whether the daemon is ready.
+fn render_registry(p: &mut Prom, registry: &Registry, readiness: &Readiness, indexes: usize) {
+    p.single("dynamo_kvindexer_models", "gauge", "Indexes by (model, tenant).", indexes as f64);
     p.single("dynamo_kvindexer_workers", "gauge", "Registered worker instances.", registry.instance_count() as f64);
     let infos = registry.listener_infos();
     let by_status = ["pending", "active", "paused", "failed"]
@@ -22,7 +35,10 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
         "1 once recovered and enough workers are registered.",
         readiness.check(registry).is_ok() as u8 as f64,
     );
+}
 
+/// Each index's size, and the shared budget's cap and use.
+fn render_indexes(p: &mut Prom, registry: &Registry, indexes: &[Arc<IndexHandle>]) {
     let stats: Vec<_> = indexes.iter().map(|h| h.index.stats()).collect();
     for (i, name, help) in [
         (0, "kv_indexer_index_blocks", "Indexed entries (block, tier, worker group) per index."),
@@ -49,11 +65,10 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
         "Live index entries over all indexes (capped like pairs).",
         b.entries() as f64,
     );
+}
 
-    render_predictions(p, registry);
-
-    registry.counters.render(p);
-
+/// The ingest pipeline's counters, skips, queue depths and held batches.
+fn render_ingest(p: &mut Prom, registry: &Registry) {
     let ic = registry.ingest().counters();
     let counters: [(&str, &str, u64); 22] = [
         ("batches_received", "Well-formed batches received.", ic.batches_received),
@@ -93,10 +108,6 @@ pub fn render(p: &mut Prom, registry: &Registry, readiness: &Readiness) {
         "Batches held by listeners (replay or ready gate).",
         ic.held_batches as f64,
     );
-
-    render_event_lag(p, registry);
-    render_listeners(p, registry);
-    render_workers_file(p, registry);
 }
 
 /// `kv_indexer_event_lag_seconds`: applied batches by how long after their
