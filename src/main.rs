@@ -2,14 +2,14 @@
 
 mod alloc;
 
-use kv_indexer::config::{parse, Command, USAGE};
+use kv_indexer::config::{parse, usage, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let env = |k: &str| std::env::var(k).ok();
     match parse(std::env::args_os().skip(1), env) {
         Ok(Command::Help) => {
-            print!("{USAGE}");
+            print!("{}", usage());
             ExitCode::SUCCESS
         }
         Ok(Command::Version) => {

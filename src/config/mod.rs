@@ -6,15 +6,16 @@
 //! `--access-log-local-time`); the rest are this daemon's knobs. Every value is checked here, once; a bad
 //! one is a single line on stderr and exit code 2 (see `main`).
 
+mod flags;
+#[cfg(test)]
+mod readme_tests;
+
 use crate::registry::RegisterArgs;
-use std::fmt;
+use flags::{Parsed, FLAGS};
 use std::path::PathBuf;
 
 /// Default cap of live (block, worker) pairs over all indexes (see README, "Limits").
 pub const MAX_PAIRS_DEFAULT: u64 = 1 << 27;
-/// Largest `--ingest-coalesce-us` accepted: the range it documented when it
-/// still did something, so old command lines start as before.
-const COALESCE_US_MAX: u64 = 100_000;
 
 /// Everything the daemon runs with.
 #[derive(Clone, Debug)]
@@ -44,7 +45,7 @@ pub struct Config {
     pub heartbeat_ms: i32,
     /// Seconds an engine may stay unreachable before its workers are cleared; 0: never.
     pub engine_gone_s: u64,
-    /// Positions per jump of the index search; 0: the index's default.
+    /// Positions per jump of the index search.
     pub jump: usize,
     /// Readiness waits until this many workers are registered.
     pub min_initial_workers: usize,
@@ -91,7 +92,7 @@ impl Default for Config {
             ingest_coalesce_us: None,
             heartbeat_ms: crate::ingest::HEARTBEAT_MS_DEFAULT,
             engine_gone_s: crate::ingest::ENGINE_GONE_S_DEFAULT,
-            jump: 0,
+            jump: crate::index::JUMP_DEFAULT,
             min_initial_workers: 0,
             slow_joiner_ms: 1_000,
             peer_timeout_ms: 10_000,
@@ -117,80 +118,9 @@ pub enum Command {
     Version,
 }
 
-pub const USAGE: &str = "\
-kv-indexer: tracks which KV-cache blocks every inference worker holds and
-answers which worker holds the longest cached prefix of a request.
-
-USAGE:
-  kv-indexer [--port 8090] [--host 0.0.0.0] [--threads N]
-             [--block-size 16 --model-name m --tenant-id t --workers \"1=tcp://h:5557,2:1=tcp://h:5558\"]
-             [--peers \"http://a:8090,http://b:8091\"] [OPTIONS]
-
-OPTIONS:
-  --port N                 HTTP port (default 8090)
-  --host ADDR              HTTP bind address (default 0.0.0.0)
-  --unix-socket PATH       also serve the API on this Unix socket (mode 0660: the daemon's group)
-  --threads N              writer shards applying events (default: from cores)
-  --listener-threads N     threads owning the ZMQ sockets (default: from cores)
-  --http-connections-max N most open HTTP connections, one thread each (default 1024)
-  --http-head-timeout-s N  a request head must arrive within N s of its first byte, a new
-                           connection's first within N s of connecting (default 10); else 408
-  --http-body-timeout-s N  a request body must arrive within N s of its head (default 60); else 408
-  --block-size N           block size of the --workers index (required with --workers)
-  --model-name NAME        model of the --workers index (default \"default\")
-  --routing-group NAME     tenant of the --workers index (default \"default\"; alias --tenant-id)
-  --workers LIST           instance[:dp_rank]=zmq_endpoint, comma separated
-  --workers-file PATH      one /register JSON body a line (# comments allowed), registered at
-                           start and reconciled on SIGHUP (systemctl reload): new lines are
-                           registered, removed ones unregistered, changed ones registered anew;
-                           a bad file changes nothing (env KV_INDEXER_WORKERS_FILE)
-  --peers LIST             peer indexer URLs to recover state from at startup
-  --replay-timeout-ms N    deadline of one gap replay (default 2000)
-  --ingest-coalesce-us N   ignored (0..=100000 still accepted): listeners no longer wait
-                           between reads; an event is applied as soon as it is read
-  --heartbeat-ms N         ZMTP heartbeat towards each engine every N ms; an engine silent
-                           for 3 intervals is dropped and reconnected (default 2500; 0: none)
-  --engine-gone-s N        clear the blocks of an engine unreachable for N s; they refill
-                           from its ring when it is back (default 60; 0: never;
-                           env KV_INDEXER_ENGINE_GONE_S)
-  --body-limit-bytes N     largest request body (default 16777216)
-  --jump N                 positions per jump of the index search (default 64)
-  --min-initial-workers N  /health answers 503 until N workers are registered
-                           (env DYN_ROUTER_MIN_INITIAL_WORKERS or KV_INDEXER_MIN_INITIAL_WORKERS)
-  --slow-joiner-ms N       wait before fetching a peer dump at startup (default 1000)
-  --peer-timeout-ms N      timeout of a whole peer dump request (default 10000)
-  --max-pairs N            cap on live (block, worker) pairs over all indexes; past it new
-                           blocks are refused and counted, never guessed (default 134217728;
-                           0: no cap)
-  --predict-max-blocks N   cap on live predicted blocks booked through /routed, over all
-                           indexes; a booking past it is refused (default 1048576)
-  --predict-ttl-ms N       lifetime of a /routed booking that names no ttl_ms
-                           (default 2000, at most 60000)
-  --admin-token TOKEN      require \"Authorization: Bearer TOKEN\" on /register, /unregister,
-                           /register_peer, /deregister_peer, /routed (env KV_INDEXER_ADMIN_TOKEN,
-                           which keeps it out of the process list)
-  --snapshot-dir DIR       write snapshots to DIR/snapshot.bin and restart warm from it
-  --snapshot-interval-s N  seconds between snapshots (default 60; 0: only on stop)
-  --access-log PATH        append one JSON line per HTTP request to PATH; reopened by
-                           POST /reopen_logs and SIGHUP (for logrotate)
-  --trace-id-header NAME   request header copied into the access log's trace_id
-                           (default x-trace-id)
-  --access-log-local-time  local time in the access log instead of UTC
-  --no-pin                 do not pin listener and shard threads to cores
-  --log-level LEVEL        error, warn, info or debug (default info; env KV_INDEXER_LOG)
-  --log-format F           text or json lines (default text; env KV_INDEXER_LOG_FORMAT)
-  -h, --help               this text
-  -V, --version            the version
-";
-
-fn parse_num<T>(flag: &str, v: &str, min: T, max: T) -> Result<T, String>
-where
-    T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
-{
-    match v.trim().parse::<T>() {
-        Ok(n) if n >= min && n <= max => Ok(n),
-        _ => Err(format!("{flag}: expected a number from {min} to {max}, got {v:?}")),
-    }
+/// `--help`.
+pub fn usage() -> String {
+    flags::usage()
 }
 
 /// Parses `instance[:dp_rank]=endpoint,...` into registrations on the
@@ -243,117 +173,43 @@ where
     I: IntoIterator<Item = std::ffi::OsString>,
 {
     use lexopt::prelude::*;
-    let mut cfg = Config::default();
-    let mut workers = None;
+    let mut p = Parsed { cfg: Config::default(), workers: None };
     // The environment first, so a flag wins; each variable reads like its flag.
-    for (var, flag) in [
-        ("DYN_ROUTER_MIN_INITIAL_WORKERS", "--min-initial-workers"),
-        ("KV_INDEXER_MIN_INITIAL_WORKERS", "--min-initial-workers"),
-        ("KV_INDEXER_LOG", "--log-level"),
-        ("KV_INDEXER_LOG_FORMAT", "--log-format"),
-        ("KV_INDEXER_ADMIN_TOKEN", "--admin-token"),
-        ("KV_INDEXER_WORKERS_FILE", "--workers-file"),
-        ("KV_INDEXER_ENGINE_GONE_S", "--engine-gone-s"),
-    ] {
-        // A blank variable is unset, but a token is taken as written.
-        let set_to = |v: &String| if flag == "--admin-token" { !v.is_empty() } else { !v.trim().is_empty() };
-        if let Some(v) = env(var).filter(set_to) {
-            set(&mut cfg, &mut workers, flag, var, || Ok(v))?;
+    for flag in FLAGS {
+        for var in flag.env {
+            // A blank variable is unset, but a token is taken as written.
+            let set_to = |v: &String| if flag.name == "--admin-token" { !v.is_empty() } else { !v.trim().is_empty() };
+            if let Some(v) = env(var).filter(set_to) {
+                flag.set(&mut p, var, v)?;
+            }
         }
     }
     let mut parser = lexopt::Parser::from_args(args);
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
-        let flag = match &arg {
+        let spelled = match &arg {
             Short('h') | Long("help") => return Ok(Command::Help),
             Short('V') | Long("version") => return Ok(Command::Version),
-            Long("no-pin") => {
-                cfg.pin_threads = false;
-                continue;
-            }
-            Long("access-log-local-time") => {
-                cfg.access_log.local_time = true;
-                continue;
-            }
             Long(l) => format!("--{l}"),
             Short(c) => format!("-{c}"),
             Value(v) => return Err(format!("unexpected argument {v:?}; see --help")),
         };
-        let value = || {
-            let value = parser.value().map_err(|_| format!("{flag} needs a value"))?;
-            value.into_string().map_err(|_| format!("{flag}: value is not valid UTF-8"))
+        let flag = flags::find(&spelled).ok_or_else(|| format!("unknown option {spelled}; see --help"))?;
+        let value = if flag.takes_value() {
+            let value = parser.value().map_err(|_| format!("{spelled} needs a value"))?;
+            value.into_string().map_err(|_| format!("{spelled}: value is not valid UTF-8"))?
+        } else {
+            String::new()
         };
-        set(&mut cfg, &mut workers, &flag, &flag, value)?;
+        flag.set(&mut p, &spelled, value)?;
     }
-    if let Some(w) = workers {
+    let mut cfg = p.cfg;
+    if let Some(w) = p.workers {
         cfg.workers = parse_workers(&w, &cfg)?;
         if !cfg.workers.is_empty() && cfg.block_size.is_none() {
             return Err("--workers needs --block-size".into());
         }
     }
     Ok(Command::Run(Box::new(cfg)))
-}
-
-/// Sets what `flag` configures to `value()`, asked for only when the flag
-/// is known; errors start with `name` (the flag, or its environment variable).
-/// `--workers` is kept as given until every flag is read (it needs `--block-size`).
-fn set(
-    cfg: &mut Config,
-    workers: &mut Option<String>,
-    flag: &str,
-    name: &str,
-    value: impl FnOnce() -> Result<String, String>,
-) -> Result<(), String> {
-    use crate::log::{Format, Level};
-    let path = |v: String| non_blank(name, &v, "path").map(PathBuf::from);
-    match flag {
-        "--port" => cfg.port = parse_num(name, &value()?, 0, u16::MAX)?,
-        "--host" => cfg.host = non_blank(name, &value()?, "address")?.trim().to_string(),
-        "--unix-socket" => cfg.unix_socket = Some(PathBuf::from(value()?)),
-        "--threads" => cfg.writer_threads = parse_num(name, &value()?, 1, 1024)?,
-        "--listener-threads" => cfg.listener_threads = parse_num(name, &value()?, 1, 1024)?,
-        "--http-connections-max" => cfg.http.connections_max = parse_num(name, &value()?, 1, 65_536)?,
-        "--http-head-timeout-s" => cfg.http.head_timeout_s = parse_num(name, &value()?, 1, 3_600)?,
-        "--http-body-timeout-s" => cfg.http.body_timeout_s = parse_num(name, &value()?, 1, 3_600)?,
-        "--block-size" => cfg.block_size = Some(parse_num(name, &value()?, 1, 1 << 20)?),
-        "--model-name" => cfg.model_name = non_empty(name, value()?)?,
-        "--tenant-id" | "--routing-group" => cfg.tenant_id = non_empty(name, value()?)?,
-        "--workers" => *workers = Some(value()?),
-        "--workers-file" => cfg.workers_file = Some(path(value()?)?),
-        "--peers" => cfg.peers = parse_peers(&value()?)?,
-        "--replay-timeout-ms" => cfg.replay_timeout_ms = parse_num(name, &value()?, 1, 600_000)?,
-        "--ingest-coalesce-us" => cfg.ingest_coalesce_us = Some(parse_num(name, &value()?, 0, COALESCE_US_MAX)?),
-        "--heartbeat-ms" => cfg.heartbeat_ms = parse_num(name, &value()?, 0, crate::ingest::HEARTBEAT_MS_MAX)?,
-        "--engine-gone-s" => cfg.engine_gone_s = parse_num(name, &value()?, 0, crate::ingest::ENGINE_GONE_S_MAX)?,
-        "--body-limit-bytes" => cfg.http.body_limit_bytes = parse_num(name, &value()?, 1024, 1 << 30)?,
-        "--jump" => cfg.jump = parse_num(name, &value()?, 1, 4096)?,
-        "--min-initial-workers" => cfg.min_initial_workers = parse_num(name, &value()?, 0, 1_000_000)?,
-        "--slow-joiner-ms" => cfg.slow_joiner_ms = parse_num(name, &value()?, 0, 600_000)?,
-        "--peer-timeout-ms" => cfg.peer_timeout_ms = parse_num(name, &value()?, 1, 600_000)?,
-        "--max-pairs" => cfg.max_pairs = parse_num(name, &value()?, 0, u64::MAX)?,
-        "--predict-max-blocks" => cfg.predict_max_blocks = parse_num(name, &value()?, 1, 1 << 30)?,
-        "--predict-ttl-ms" => cfg.predict_ttl_ms = parse_num(name, &value()?, 1, crate::predict::TTL_MS_MAX)?,
-        "--admin-token" => {
-            let t = crate::http::auth::AdminToken::new(&value()?).map_err(|e| format!("{name}: {e}"))?;
-            cfg.admin_token = Some(t);
-        }
-        "--log-level" => {
-            let v = value()?;
-            cfg.log_level = Level::parse(&v).ok_or_else(|| format!("{name}: unknown level {v:?}"))?
-        }
-        "--log-format" => {
-            let v = value()?;
-            cfg.log_format = Format::parse(&v).ok_or_else(|| format!("{name}: {v:?} is not text or json"))?
-        }
-        "--snapshot-dir" => cfg.snapshot_dir = Some(path(value()?)?),
-        "--snapshot-interval-s" => cfg.snapshot_interval_s = parse_num(name, &value()?, 0, 86_400)?,
-        "--access-log" => cfg.access_log.path = Some(path(value()?)?),
-        "--trace-id-header" => {
-            cfg.access_log.trace_id_header =
-                crate::http::access_log::header_name(&value()?).map_err(|e| format!("{name}: {e}"))?
-        }
-        _ => return Err(format!("unknown option {flag}; see --help")),
-    }
-    Ok(())
 }
 
 /// `v`, unless it is blank: then "`flag`: empty `what`".
@@ -384,6 +240,33 @@ mod tests {
             Command::Run(c) => Ok(*c),
             other => panic!("expected a run, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_flag_table_defaults_are_the_config_defaults() {
+        let base = format!("{:?}", Config::default());
+        for f in FLAGS {
+            // What the docs show as none or "from cores" is the unset value.
+            let value = match f.default {
+                "" | "from cores" => continue,
+                d => d.strip_suffix(" MiB").map_or(d.to_string(), |n| (n.parse::<u64>().unwrap() << 20).to_string()),
+            };
+            let mut p = Parsed { cfg: Config::default(), workers: None };
+            f.set(&mut p, f.name, value).unwrap();
+            assert_eq!(format!("{:?}", p.cfg), base, "{}'s documented default is not Config's", f.name);
+        }
+    }
+
+    #[test]
+    fn help_shows_every_flag_alias_and_variable() {
+        let help = usage();
+        for f in FLAGS {
+            for word in std::iter::once(&f.name).chain(f.aliases).chain(f.env) {
+                assert!(help.contains(word), "--help does not show {word}");
+            }
+            assert!(f.default.is_empty() || help.contains(&format!("default {}", f.default)), "{}", f.name);
+        }
+        assert!(help.lines().all(|l| l.len() <= 100), "{help}");
     }
 
     #[test]
