@@ -86,29 +86,3 @@ fn no_reachable_peer_starts_empty_and_says_so() {
     assert!(d.wait_logged("no peer gave a usable dump"), "{:?}", d.log());
     assert_eq!(d.get_json("/dump").1, json!({}));
 }
-
-#[test]
-fn a_dump_over_the_limit_is_refused_before_it_is_downloaded() {
-    use kv_indexer::dump::{check_dump_bytes, DUMP_BYTES_MAX};
-    use std::io::{Read, Write};
-    // Between the old parser limit (2 GiB) and the fetch limit (4 GiB): one limit now.
-    for bytes in [(2 << 30) + 1, 3 << 30, DUMP_BYTES_MAX] {
-        assert!(check_dump_bytes(bytes).is_ok(), "{bytes}");
-    }
-    assert!(check_dump_bytes(DUMP_BYTES_MAX + 1).is_err());
-    // A peer announcing more than the limit, then sending nothing.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let peer = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut request = [0u8; 1024];
-        let _ = s.read(&mut request);
-        let announce = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{{", DUMP_BYTES_MAX + 1);
-        s.write_all(announce.as_bytes()).unwrap();
-        // Holds the connection until the client gives up on it.
-        let _ = s.read(&mut request);
-    });
-    let err = kv_indexer::daemon::recovery::fetch_dump(&url, std::time::Duration::from_secs(20)).unwrap_err();
-    assert_eq!(err, format!("the dump is {} bytes; the limit is {DUMP_BYTES_MAX}", DUMP_BYTES_MAX + 1));
-    peer.join().unwrap();
-}

@@ -4,6 +4,8 @@ pub mod access_log;
 pub mod auth;
 pub mod codec;
 pub mod conn;
+#[cfg(test)]
+mod conn_fuzz_tests;
 pub mod endpoints;
 pub mod metrics;
 pub mod routes;

@@ -10,6 +10,8 @@
 //! lock.
 
 pub mod event_status;
+#[cfg(test)]
+mod limits_tests;
 pub mod readiness;
 pub mod state_metrics;
 

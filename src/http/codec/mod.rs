@@ -36,6 +36,8 @@
 //! Writers append to `out` and never clear it.
 
 mod control;
+#[cfg(test)]
+mod fuzz_tests;
 mod ids;
 mod json;
 mod query;

@@ -12,7 +12,7 @@
 //! Cases: 200,000 per parser by default; set `CODEC_FUZZ_CASES` for more,
 //! `CODEC_FUZZ_SEED` to explore other inputs.
 
-use kv_indexer::http::codec::{parse_query, parse_query_by_hash, BodyError, QueryRequest};
+use super::{parse_query, parse_query_by_hash, BodyError, QueryRequest};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use std::fmt;

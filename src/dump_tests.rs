@@ -1,5 +1,6 @@
-//! `/dump` round trips: ours -> ours, ours -> Dynamo's types -> ours, and a
-//! live index dumped, parsed and replayed into an empty one.
+//! The `/dump` format: what we write and refuse, round trips (ours ->
+//! ours, ours -> Dynamo's types -> ours), and a live index dumped, parsed
+//! and replayed into an empty one.
 //!
 //! Dynamo's side is modelled by test-only types with the same serde shape
 //! as its 1.6.1 `RouterEvent` family (field names, enum tagging, defaults,
@@ -7,10 +8,176 @@
 //! deserialize it, and "we read Dynamo's dump" means we parse what these
 //! types serialize.
 
-use kv_indexer::dump::{parse_dump, parse_dump_counted, write_dump, DumpEntry};
-use kv_indexer::index::{DumpEvent, Index, IndexConfig, Orphan};
-use kv_indexer::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
+use super::*;
+use crate::event::EventKind;
+use crate::index::{Index, IndexConfig};
+use serde_json::{json, Value};
 use std::collections::HashMap;
+
+fn w(i: u64, r: u32) -> WorkerId {
+    WorkerId::new(i, r)
+}
+
+fn blocks(pairs: &[(u64, u64)]) -> Vec<StoredBlock> {
+    pairs.iter().map(|&(engine_hash, local_hash)| StoredBlock { engine_hash, local_hash }).collect()
+}
+
+#[test]
+fn writes_dynamo_router_events() {
+    let entry = DumpEntry {
+        model_name: "m".into(),
+        tenant_id: "t".into(),
+        block_size: 16,
+        events: vec![
+            Event::stored(w(7, 1), StorageTier::Device, Some(11), blocks(&[(12, 99)])).into(),
+            Event::stored(w(7, 0), StorageTier::HostPinned, None, blocks(&[(u64::MAX, 1), (2, 3)])).into(),
+            Event::removed(w(8, 0), StorageTier::Disk, vec![5, 6]).into(),
+            Event::cleared(w(9, 2)).into(),
+            DumpEvent {
+                event: Event::stored(w(7, 1), StorageTier::Disk, Some(77), blocks(&[(13, 98)])),
+                orphan: Some(Orphan { position: 4, anchor: Some(12), missing: vec![41, 42] }),
+            },
+            DumpEvent {
+                event: Event::stored(w(7, 1), StorageTier::Device, Some(78), blocks(&[(14, 97)])),
+                orphan: Some(Orphan { position: 2, anchor: None, missing: vec![43, 44] }),
+            },
+        ],
+    };
+    let mut out = Vec::new();
+    write_dump(&mut out, std::slice::from_ref(&entry));
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v,
+        json!({"m:t": {"model_name": "m", "tenant_id": "t", "block_size": 16, "events": [
+            {"worker_id": 7, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 0, "data": {"stored": {
+                "parent_hash": 11, "start_position": null,
+                "blocks": [{"block_hash": 12, "tokens_hash": 99, "mm_extra_info": null}]}}, "dp_rank": 1}},
+            {"worker_id": 7, "storage_tier": "host_pinned", "residency_domain": "worker", "event": {"event_id": 1, "data": {"stored": {
+                "parent_hash": null, "start_position": null,
+                "blocks": [{"block_hash": u64::MAX, "tokens_hash": 1, "mm_extra_info": null},
+                           {"block_hash": 2, "tokens_hash": 3, "mm_extra_info": null}]}}, "dp_rank": 0}},
+            {"worker_id": 8, "storage_tier": "disk", "residency_domain": "worker", "event": {"event_id": 2, "data": {"removed": {
+                "block_hashes": [5, 6]}}, "dp_rank": 0}},
+            {"worker_id": 9, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 3, "data": "cleared", "dp_rank": 2}},
+            {"worker_id": 7, "storage_tier": "disk", "residency_domain": "worker", "event": {"event_id": 4, "data": {"stored": {
+                "parent_hash": 77, "start_position": 4,
+                "blocks": [{"block_hash": 13, "tokens_hash": 98, "mm_extra_info": null}],
+                "kv_indexer_orphan": {"anchor_hash": 12, "missing_tokens_hashes": [41, 42]}}}, "dp_rank": 1}},
+            {"worker_id": 7, "storage_tier": "device", "residency_domain": "worker", "event": {"event_id": 5, "data": {"stored": {
+                "parent_hash": 78, "start_position": 2,
+                "blocks": [{"block_hash": 14, "tokens_hash": 97, "mm_extra_info": null}],
+                "kv_indexer_orphan": {"anchor_hash": null, "missing_tokens_hashes": [43, 44]}}}, "dp_rank": 1}}
+        ]}})
+    );
+    let back = parse_dump(&out).unwrap();
+    assert_eq!(back, vec![entry], "read back as written");
+}
+
+#[test]
+fn orphans_whose_positions_do_not_add_up_refuse_the_dump() {
+    let event = |start: &str, orphan: &str| {
+        format!(
+            r#"{{"m:t": {{"block_size": 4, "events": [{{"worker_id": 1, "event": {{"event_id": 0, "data": {{"stored": {{
+            "parent_hash": 9, "start_position": {start}, "blocks": [{{"block_hash": 1, "tokens_hash": 2}}],
+            "kv_indexer_orphan": {orphan}}}}}}}}}]}}}}"#
+        )
+    };
+    let ok = [
+        ("3", r#"{"anchor_hash": 5, "missing_tokens_hashes": [1, 2]}"#),
+        ("2", r#"{"missing_tokens_hashes": [1, 2]}"#),
+    ];
+    for (start, orphan) in ok {
+        let d = parse_dump(event(start, orphan).as_bytes()).unwrap();
+        assert!(d[0].events[0].orphan.is_some(), "{start} {orphan}");
+    }
+    let bad = [
+        ("null", r#"{"anchor_hash": 5, "missing_tokens_hashes": [1]}"#),
+        ("2", r#"{"anchor_hash": 5, "missing_tokens_hashes": [1, 2]}"#),
+        ("3", r#"{"anchor_hash": null, "missing_tokens_hashes": [1, 2]}"#),
+        ("0", r#"{"anchor_hash": null, "missing_tokens_hashes": []}"#),
+        ("1", r#"{"anchor_hash": 5}"#),
+        ("1", r#"{"anchor_hash": "x", "missing_tokens_hashes": []}"#),
+    ];
+    for (start, orphan) in bad {
+        let err = parse_dump(event(start, orphan).as_bytes()).expect_err(orphan);
+        assert_eq!(err.status(), 422, "{start} {orphan}: {err}");
+    }
+}
+
+#[test]
+fn reads_dynamo_defaults_and_skips() {
+    let body = br#"{
+        "a:b:c": {"block_size": 4, "events": [
+            {"worker_id": 1, "event": {"event_id": 9, "data": {"stored": {"blocks": [
+                {"block_hash": -1, "tokens_hash": 5, "mm_extra_info": {"mm_objects": [{"mm_hash": 1, "offsets": [[0, 2]]}]}}]}}}},
+            {"worker_id": 1, "storage_tier": "g4_remote", "event": {"event_id": 1, "data": "cleared"}},
+            {"worker_id": 1, "residency_domain": "cache_owner", "state_source": {"x": 1},
+             "event": {"event_id": 2, "data": {"cleared": null}}},
+            {"worker_id": 2, "residency_domain": "worker", "session_id": "s",
+             "event": {"event_id": 3, "data": {"cleared": null}, "dp_rank": 3}}
+        ]},
+        "broken:x": {"error": "indexer offline"}
+    }"#;
+    let d = parse_dump_counted(body).unwrap();
+    assert_eq!(d.skipped_events, 2);
+    assert_eq!(d.unsupported_residency, [0, 0, 1]);
+    assert_eq!(d.skipped_entries, 1);
+    assert_eq!(
+        d.entries,
+        vec![DumpEntry {
+            model_name: "a".into(),
+            tenant_id: "b:c".into(),
+            block_size: 4,
+            events: vec![
+                Event::stored(w(1, 0), StorageTier::Device, None, blocks(&[(u64::MAX, 5)])).into(),
+                Event::cleared(w(2, 3)).into(),
+            ],
+        }]
+    );
+}
+
+#[test]
+fn only_the_worker_residency_domain_is_applied() {
+    let event = |domain: &str| {
+        format!(
+            r#"{{"worker_id": 1, {domain} "event": {{"event_id": 0, "data": {{"stored": {{"blocks": [{{"block_hash": 1, "tokens_hash": 2}}]}}}}}}}}"#
+        )
+    };
+    let domains = [
+        r#""residency_domain": "worker","#,
+        "",
+        r#""residency_domain": "cache_owner","#,
+        r#""residency_domain": "future_domain","#,
+        r#""residency_domain": null,"#,
+        r#""residency_domain": 3,"#,
+        r#""residency_domain": {"a": [1]},"#,
+    ];
+    let events: Vec<String> = domains.iter().map(|d| event(d)).collect();
+    let body = format!(r#"{{"m:t": {{"block_size": 4, "events": [{}]}}}}"#, events.join(","));
+    let d = parse_dump_counted(body.as_bytes()).unwrap();
+    assert_eq!(d.entries[0].events.len(), 2, "worker and missing are applied");
+    assert_eq!((d.skipped_events, d.unsupported_residency), (5, [5, 0, 0]));
+}
+
+#[test]
+fn refuses_what_cannot_be_placed() {
+    let cases: [(&[u8], u16); 8] = [
+        (br#"{"nocolon": {"block_size": 4, "events": []}}"#, 422),
+        (br#"{"m:t": {"events": []}}"#, 422),
+        (br#"{"m:t": {"block_size": 0, "events": []}}"#, 400),
+        (br#"{"m:t": {"block_size": 4, "events": [{"worker_id": 1, "event": {"data": "cleared"}}]}}"#, 422),
+        (br#"{"m:t": {"block_size": 4, "events": [{"worker_id": 1, "event": {"event_id": 0, "data": "exploded"}}]}}"#, 422),
+        (br#"{"m:t": {"block_size": 4, "events": [{"worker_id": -1, "event": {"event_id": 0, "data": "cleared"}}]}}"#, 422),
+        (br#"[]"#, 422),
+        (br#"{"m:t": {"block_size": 4, "events": [}"#, 400),
+    ];
+    for (body, status) in cases {
+        let err = parse_dump(body).expect_err(&String::from_utf8_lossy(body));
+        assert_eq!(err.status(), status, "{}: {err}", String::from_utf8_lossy(body));
+    }
+    let deep = format!("{{\"m:t\":{{\"block_size\":4,\"x\":{}}}}}", "[".repeat(100_000));
+    assert_eq!(parse_dump(deep.as_bytes()).unwrap_err().status(), 400);
+}
 
 /// Serde shapes of Dynamo's dump, written from its derives' field lists.
 mod dynamo {
@@ -343,7 +510,7 @@ fn a_live_index_survives_dump_and_load() {
     assert_eq!(canonical(replica.dump_events()), canonical(entry.events.clone()));
     for seed in 0..3u64 {
         let query: Vec<u64> = (0..16).map(|i| 500 + i + seed).collect();
-        let sorted = |mut m: kv_indexer::index::Matches| {
+        let sorted = |mut m: crate::index::Matches| {
             m.workers.sort_by_key(|w| w.worker);
             m
         };

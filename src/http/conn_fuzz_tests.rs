@@ -1,6 +1,6 @@
 //! Fuzz of the HTTP/1.1 framing (`Conn::read_head`, `Conn::read_body`) with
 //! requests from a grammar that spells every token the framing reacts to
-//! (`support/http_gen.rs`), pipelined, fed through reads of 1 byte to 16 KiB
+//! (`tests/support/http_gen.rs`, shared with `tests/http_attacks.rs`), pipelined, fed through reads of 1 byte to 16 KiB
 //! so a head or chunk line ends anywhere in a read. For a
 //! generated case the framing must reach exactly the generator's verdict:
 //! the same method, target, body and connection handling for each request
@@ -11,15 +11,18 @@
 //! Cases: 200,000 by default; set `HTTP_FUZZ_CASES` for more,
 //! `HTTP_FUZZ_SEED` to explore other inputs.
 
-mod support;
+#[path = "../../tests/support/http_gen.rs"]
+mod http_gen;
+#[path = "../../tests/support/rng.rs"]
+mod rng;
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
-use kv_indexer::http::conn::{Conn, ReadError, Socket};
-use support::http_gen::{case, Want, BODY_LIMIT};
-use support::rng::Rng;
+use super::conn::{Conn, ReadError, Socket};
+use http_gen::{case, Want, BODY_LIMIT};
+use rng::Rng;
 
 const CAPACITIES: [usize; 8] = [1, 2, 3, 5, 8, 17, 64, 16 * 1024];
 
