@@ -1,19 +1,25 @@
-//! Snapshot benchmark: write and load time and file size for about a
-//! million (block, worker) pairs (64 workers x 16,384 blocks by default),
-//! through the daemon's own code paths (capture with shard sync, encode,
-//! crash-safe write with fsync; read, decode, restore into a fresh registry).
+//! Snapshot benchmark: what a stop's snapshot costs, how large the file
+//! is and how long a warm start takes, for about a million (block, worker)
+//! pairs (64 workers x 16,384 blocks by default), through the real daemon.
+//!
+//! A peer serving a `/dump` of that state fills the first daemon; each
+//! round then stops the daemon (SIGTERM: capture with shard sync, encode,
+//! crash-safe write with fsync) and starts the next from the file (read,
+//! decode, restore into fresh indexes). The figures are the daemon's own,
+//! from its debug log: `snapshot written (stop): ... (capture C ms, write
+//! W ms)` and `snapshot restored: ... in R ms`; the load total is from the
+//! process's spawn to that line.
 //!
 //! `cargo bench --bench snapshot [-- --workers N --blocks N --dir PATH --rounds N]`
 //! (`--dir` picks the file system; default: the system temp dir).
 
-use kv_indexer::index::Budget;
-use kv_indexer::ingest::{Ingest, IngestConfig};
-use kv_indexer::registry::Registry;
-use kv_indexer::snapshot::{self, SnapshotDir};
-use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 struct Rng(u64);
 impl Rng {
@@ -29,45 +35,136 @@ impl Rng {
 const PROMPT: u64 = 16;
 /// Blocks per conversation, chained to the system prompt.
 const CONVERSATION: u64 = 48;
+/// How long the daemon may take for any one step.
+const STEP_TIMEOUT: Duration = Duration::from_secs(600);
 
-fn registry() -> Arc<Registry> {
-    let cfg = IngestConfig { listener_threads: 1, shard_threads: 2, pin_threads: false, ..IngestConfig::default() };
-    Arc::new(Registry::new(Arc::new(Ingest::start(cfg).expect("ingest")), 0, Arc::new(Budget::unlimited())))
-}
-
-/// Fills index `m:default` with `workers` x `blocks` pairs: per worker a
-/// shared system prompt, then conversations hanging off it (no aliases).
-fn fill(registry: &Registry, workers: u64, blocks: u64) -> u64 {
-    let h = registry.index_or_create("m", "default", 16).unwrap();
+/// A `/dump` of index `m:default` with `workers` x `blocks` pairs: per
+/// worker a shared system prompt, then conversations hanging off it (no
+/// aliases). Returns the body and its pairs.
+fn dump(workers: u64, blocks: u64) -> (Vec<u8>, u64) {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut events = Vec::new();
     let mut pairs = 0;
     for w in 0..workers {
-        let worker = WorkerId::new(w, 0);
         let mut engine = w << 40;
-        let mut chain = |n: u64, shared: bool, rng: &mut Rng| -> Vec<StoredBlock> {
-            (0..n)
+        let mut chain = |n: u64, shared: bool, parent: Option<u64>, rng: &mut Rng| {
+            let blocks: Vec<String> = (0..n)
                 .map(|k| {
                     engine += 1;
                     let local = if shared { 9_000 + k } else { rng.next() };
-                    StoredBlock { engine_hash: engine, local_hash: local }
+                    format!(r#"{{"block_hash":{engine},"tokens_hash":{local}}}"#)
                 })
-                .collect()
+                .collect();
+            let parent = parent.map_or("null".to_string(), |p| p.to_string());
+            let id = events.len();
+            events.push(format!(
+                r#"{{"worker_id":{w},"event":{{"event_id":{id},"data":{{"stored":{{"parent_hash":{parent},"blocks":[{}]}}}},"dp_rank":0}}}}"#,
+                blocks.join(",")
+            ));
+            (n, engine)
         };
-        let prompt = chain(PROMPT.min(blocks), true, &mut rng);
-        let root = prompt.last().map(|b| b.engine_hash);
-        let mut held = prompt.len() as u64;
-        pairs += h.apply(&Event::stored(worker, StorageTier::Device, None, prompt)).stored as u64;
+        let (n, root) = chain(PROMPT.min(blocks), true, None, &mut rng);
+        let mut held = n;
         while held < blocks {
-            let blocks = chain(CONVERSATION.min(blocks - held), false, &mut rng);
-            held += blocks.len() as u64;
-            pairs += h.apply(&Event::stored(worker, StorageTier::Device, root, blocks)).stored as u64;
+            held += chain(CONVERSATION.min(blocks - held), false, Some(root), &mut rng).0;
         }
+        pairs += held;
     }
-    pairs
+    let body = format!(
+        r#"{{"m:default":{{"model_name":"m","tenant_id":"default","block_size":16,"events":[{}]}}}}"#,
+        events.join(",")
+    );
+    (body.into_bytes(), pairs)
 }
 
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
+/// Serves `body` as every request's reply on a free loopback port; its URL.
+fn serve(body: Vec<u8>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let body = Arc::new(body);
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().map_while(Result::ok) {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).is_ok_and(|n| n == 1) {
+                    head.push(byte[0]);
+                }
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(reply.as_bytes()).and_then(|()| s.write_all(&body));
+            });
+        }
+    });
+    url
+}
+
+/// The daemon, its stderr lines as they come.
+struct Daemon {
+    child: Child,
+    lines: Receiver<String>,
+    started: Instant,
+}
+
+impl Daemon {
+    fn start(args: &[&str]) -> Daemon {
+        let started = Instant::now();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kv-indexer"))
+            .args(["--port", "0", "--host", "127.0.0.1", "--no-pin", "--log-level", "debug"])
+            .args(args)
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting kv-indexer");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Daemon { child, lines, started }
+    }
+
+    /// The first line from now on that contains `text`, and when it came.
+    fn wait_for(&self, text: &str) -> (String, Instant) {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.lines.recv_timeout(left).unwrap_or_else(|_| panic!("the daemon never logged {text:?}"));
+            assert!(!line.contains(" WARN ") && !line.contains(" ERROR "), "{line}");
+            if line.contains(text) {
+                return (line, Instant::now());
+            }
+        }
+    }
+
+    /// SIGTERM, then its stop snapshot's log line.
+    fn stop(mut self) -> String {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let (line, _) = self.wait_for("snapshot written (stop)");
+        assert_eq!(self.child.wait().ok().and_then(|s| s.code()), Some(0), "a clean stop");
+        line
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The number before `unit` in `line` (`"... 12.5 ms"`), after `after`.
+fn number(line: &str, after: &str, unit: &str) -> f64 {
+    let rest = &line[line.find(after).unwrap_or_else(|| panic!("{after:?} in {line}")) + after.len()..];
+    let field = rest.split(unit).next().unwrap().split_whitespace().last().unwrap();
+    field.trim_start_matches('(').parse().unwrap_or_else(|_| panic!("{field:?} in {line}"))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -76,7 +173,6 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn main() {
-    kv_indexer::log::set_level(kv_indexer::log::Level::Warn);
     let mut workers = 64u64;
     let mut blocks = 16_384u64;
     let mut rounds = 5usize;
@@ -91,46 +187,34 @@ fn main() {
             _ => {} // cargo bench passes --bench
         }
     }
-    let source = registry();
-    let pairs = fill(&source, workers, blocks);
-    let snapdir = SnapshotDir::open(&dir).expect("snapshot dir");
+    let (body, pairs) = dump(workers, blocks);
+    let peer = serve(body);
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_arg = dir.display().to_string();
+    let snapshot = ["--snapshot-dir", dir_arg.as_str(), "--snapshot-interval-s", "0"];
 
-    let (mut capture, mut encode, mut write, mut save) = (vec![], vec![], vec![], vec![]);
-    let (mut read, mut decode, mut apply, mut load) = (vec![], vec![], vec![], vec![]);
+    let first: Vec<&str> = snapshot.iter().copied().chain(["--peers", &peer, "--slow-joiner-ms", "0"]).collect();
+    let d = Daemon::start(&[&first[..], &["--peer-timeout-ms", "600000"]].concat());
+    let (line, _) = d.wait_for("recovered from peer");
+    assert!(line.contains(&format!(" {pairs} blocks ")), "the peer's state is held: {line}");
+    let mut saved = d.stop();
+
+    let (mut capture, mut write, mut save) = (vec![], vec![], vec![]);
+    let (mut restore, mut load) = (vec![], vec![]);
     let mut bytes = 0;
     for _ in 0..rounds.max(1) {
-        // Write path, piece by piece, then as the daemon does it.
-        let t = Instant::now();
-        let snap = snapshot::capture(&source).expect("capture");
-        capture.push(ms(t));
-        let t = Instant::now();
-        let image = snapshot::encode(&snap);
-        encode.push(ms(t));
-        bytes = image.len() as u64;
-        drop(image);
-        let t = Instant::now();
-        snapdir.write(&snap).expect("write");
-        write.push(ms(t));
-        drop(snap);
-        let stats = snapdir.save(&source).expect("save");
-        save.push(stats.capture_ms + stats.write_ms);
+        assert!(saved.contains(&format!(" {pairs} pairs, ")), "{saved}");
+        capture.push(number(&saved, "(capture", "ms"));
+        write.push(number(&saved, ", write ", "ms)"));
+        save.push(number(&saved, " in ", "ms"));
+        bytes = std::fs::metadata(Path::new(&dir).join("snapshot.bin")).expect("the snapshot file").len();
 
-        // Load path: read, decode, restore into a fresh registry.
-        let t0 = Instant::now();
-        let t = Instant::now();
-        let image = std::fs::read(snapdir.path()).expect("read");
-        read.push(ms(t));
-        let t = Instant::now();
-        let snap = snapshot::decode(&image).expect("decode");
-        decode.push(ms(t));
-        drop(image);
-        let target = registry();
-        let t = Instant::now();
-        let restored = snapshot::restore(&target, snapshot::plan(snap, vec![])).expect("restore");
-        apply.push(ms(t));
-        load.push(ms(t0));
-        assert_eq!(restored.pairs, pairs);
-        assert_eq!(target.index("m", "default").unwrap().index.stats().pairs, pairs);
+        let d = Daemon::start(&snapshot);
+        let (line, at) = d.wait_for("snapshot restored");
+        assert!(line.contains(&format!(" {pairs} pairs, ")), "{line}");
+        restore.push(number(&line, " watermark(s) in ", "ms"));
+        load.push((at - d.started).as_secs_f64() * 1e3);
+        saved = d.stop();
     }
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -142,13 +226,10 @@ fn main() {
     println!("|---|---:|");
     for (name, v) in [
         ("capture (watermarks, shard sync, dump_events)", &mut capture),
-        ("encode", &mut encode),
-        ("write (temp file, fsync, rename, fsync dir)", &mut write),
+        ("write (encode, temp file, fsync, rename, fsync dir)", &mut write),
         ("**save total** (what a stop costs)", &mut save),
-        ("read file", &mut read),
-        ("decode (checksums, bounds)", &mut decode),
-        ("restore (apply events to a fresh index)", &mut apply),
-        ("**load total**", &mut load),
+        ("restore (apply events to fresh indexes)", &mut restore),
+        ("**load total** (spawn to restored: start, read, decode, restore)", &mut load),
     ] {
         println!("| {name} | {:.1} |", median(v));
     }
