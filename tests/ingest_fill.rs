@@ -148,7 +148,7 @@ fn a_worker_whose_engine_never_answers_is_cleared_after_engine_gone() {
     let id = ingest.add_listener(spec).unwrap();
     assert!(wait_until(|| ingest.counters().engine_gone_clears == 1));
     assert!(wait_until(|| !sink.holds(worker, StorageTier::Device, 7)), "the worker kept its blocks");
-    let info = ingest.listener_info(id).unwrap();
+    let info = ingest.listener_status().into_iter().find(|i| i.id == id).unwrap();
     assert_eq!(info.status, ListenerStatus::Pending);
     assert!(info.last_error.unwrap_or_default().contains("cleared"));
 }

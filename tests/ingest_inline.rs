@@ -14,7 +14,7 @@ use std::sync::Arc;
 use kv_indexer::ingest::{Ingest, IngestConfig};
 use kv_indexer::{StorageTier, WorkerId};
 use support::gate_sink::{GateSink, OpenOnDrop};
-use support::harness::{assert_converges, settle, spec_for, spec_with, test_config};
+use support::harness::{assert_converges, listener_of, settle, spec_for, spec_with, test_config};
 use support::model_sink::ModelSink;
 use support::publisher::{PublisherConfig, TestPublisher};
 use support::wait_until;
@@ -75,7 +75,7 @@ fn the_api_reaches_a_shard_the_listener_thread_runs() {
         ingest.sync_shards().unwrap();
     }
     let (gone, _) = &publishers[1];
-    let id = ingest.listener_for(*gone).unwrap();
+    let id = listener_of(&ingest, *gone).unwrap().id;
     assert_eq!(ingest.remove_listener(id).unwrap(), vec![0]);
     ingest.remove_worker(*gone, sink.clone()).unwrap();
     assert!(!sink.workers().contains(gone), "the removed worker is gone at once");

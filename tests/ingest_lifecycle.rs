@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use kv_indexer::ingest::{EventSink, Ingest, IngestConfig, IngestError, ListenerSpec, ListenerStatus};
 use kv_indexer::WorkerId;
-use support::harness::{assert_converges, settle, spec_for, test_config};
+use support::harness::{assert_converges, listener_of, settle, spec_for, test_config};
 use support::model_sink::ModelSink;
 use support::publisher::{PublisherConfig, TestPublisher};
 use support::wait_until;
@@ -22,8 +22,7 @@ fn free_endpoint() -> String {
 }
 
 fn status_of(ingest: &Ingest, worker: WorkerId) -> ListenerStatus {
-    let id = ingest.listener_for(worker).unwrap();
-    ingest.listener_info(id).unwrap().status
+    listener_of(ingest, worker).unwrap().status
 }
 
 #[test]
@@ -54,7 +53,7 @@ fn a_listener_is_pending_until_its_publisher_appears_and_after_it_goes() {
 
     drop(publisher);
     assert!(wait_until(|| status_of(&ingest, worker) == ListenerStatus::Pending));
-    let info = ingest.listener_info(ingest.listener_for(worker).unwrap()).unwrap();
+    let info = listener_of(&ingest, worker).unwrap();
     assert!(info.last_error.unwrap().contains("lost connection"));
 }
 
@@ -76,7 +75,7 @@ fn a_closed_ready_gate_holds_batches_in_order_until_opened() {
     publisher.publish_random(25);
     assert!(wait_until(|| ingest.counters().held_batches == 25));
     assert_eq!(sink.workers(), vec![], "applied while the gate was closed");
-    assert!(!ingest.is_ready());
+    assert_eq!(status_of(&ingest, worker), ListenerStatus::Paused, "the gate is closed");
 
     ingest.open_ready_gate();
     settle(&ingest, worker, &publisher);
@@ -117,7 +116,7 @@ fn assert_fails_against(ingest: &Ingest, worker: WorkerId, endpoint: String) {
     };
     ingest.add_listener(spec).unwrap();
     let failed = wait_until(|| status_of(ingest, worker) == ListenerStatus::Failed);
-    let info = ingest.listener_info(ingest.listener_for(worker).unwrap()).unwrap();
+    let info = listener_of(ingest, worker).unwrap();
     assert!(failed, "{info:?}");
     let error = info.last_error.unwrap_or_default();
     assert!(error.contains("handshake"), "{error}");

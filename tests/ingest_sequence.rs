@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kv_indexer::ingest::{Ingest, IngestConfig};
 use kv_indexer::{StorageTier, WorkerId};
-use support::harness::{assert_converges, assert_no_stale, settle, spec_for, test_config, wait_connected};
+use support::harness::{assert_converges, assert_no_stale, listener_of, settle, spec_for, test_config, wait_connected};
 use support::model_sink::ModelSink;
 use support::publisher::{Encoding, HashForm, PublisherConfig, ReplyForm, TestEvent, TestPublisher};
 use support::wait_until;
@@ -186,7 +186,7 @@ fn the_watermark_survives_unregister_and_register() {
     let (ingest, mut publisher, sink) = setup(PublisherConfig::default(), worker);
     publisher.publish_random(5);
     assert_converges(&sink, worker, &publisher);
-    let id = ingest.listener_for(worker).unwrap();
+    let id = listener_of(&ingest, worker).unwrap().id;
     ingest.remove_listener(id).unwrap();
     // Published while unregistered: nobody receives them, and the engine
     // goes idle. The new listener fills from just past the kept watermark.
@@ -277,7 +277,7 @@ fn a_replay_that_times_out_fails_resyncs_and_releases_the_held_batches() {
     let c = ingest.counters();
     assert_eq!((c.replays_started, c.replays_failed, c.batches_lost, c.resyncs), (1, 1, 2, 1));
     assert_eq!(c.held_batches, 0);
-    let info = ingest.listener_info(ingest.listener_for(worker).unwrap()).unwrap();
+    let info = listener_of(&ingest, worker).unwrap();
     assert!(info.last_error.unwrap_or_default().contains("timed out"));
 
     // A later gap that a replay recovers in full clears the stale error.
@@ -286,6 +286,6 @@ fn a_replay_that_times_out_fails_resyncs_and_releases_the_held_batches() {
     publisher.publish_random(3);
     settle(&ingest, worker, &publisher);
     assert!(wait_until(|| ingest.counters().replays_ok == 1));
-    let info = ingest.listener_info(ingest.listener_for(worker).unwrap()).unwrap();
+    let info = listener_of(&ingest, worker).unwrap();
     assert_eq!(info.last_error, None);
 }

@@ -363,12 +363,6 @@ impl Ingest {
         done_rx.recv_timeout(timeout).map_err(|_| IngestError::Timeout("removing a worker"))
     }
 
-    /// The listener registered for `worker` (instance, registered dp rank).
-    pub fn listener_for(&self, worker: WorkerId) -> Option<ListenerId> {
-        let reg = self.registry.lock();
-        reg.by_worker.get(&worker).copied().filter(|id| reg.listeners.contains_key(id))
-    }
-
     /// Every listener's status, by id.
     pub fn listener_status(&self) -> Vec<ListenerInfo> {
         let gate_open = self.gate_open.load(Ordering::Acquire);
@@ -376,23 +370,11 @@ impl Ingest {
         reg.listeners.iter().map(|(&id, e)| info(id, e, gate_open)).collect()
     }
 
-    /// One listener's status.
-    pub fn listener_info(&self, id: ListenerId) -> Option<ListenerInfo> {
-        let gate_open = self.gate_open.load(Ordering::Acquire);
-        let reg = self.registry.lock();
-        reg.listeners.get(&id).map(|e| info(id, e, gate_open))
-    }
-
     /// Opens the ready gate: listeners apply the batches they held, in
     /// order, then run live. Idempotent.
     pub fn open_ready_gate(&self) {
         self.gate_open.store(true, Ordering::Release);
         self.bells.iter().for_each(|b| b.ring());
-    }
-
-    /// Whether the ready gate is open.
-    pub fn is_ready(&self) -> bool {
-        self.gate_open.load(Ordering::Acquire)
     }
 
     /// A snapshot of the counters, queue depths and skip reasons.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use kv_indexer::ingest::{EventSink, Ingest, IngestConfig, ListenerSpec};
+use kv_indexer::ingest::{EventSink, Ingest, IngestConfig, ListenerInfo, ListenerSpec};
 use kv_indexer::WorkerId;
 
 use super::model_sink::{is_subset, ModelSink, Tiers};
@@ -86,8 +86,14 @@ pub fn wait_connected(publisher: &mut TestPublisher, subscriptions: usize, fills
 /// and sink state are final.
 pub fn settle(ingest: &Ingest, registered: WorkerId, publisher: &TestPublisher) {
     let want = publisher.next_seq().checked_sub(1);
-    let id = ingest.listener_for(registered).expect("no listener");
-    let done = wait_until(|| ingest.listener_info(id).and_then(|i| i.last_seq) == want);
+    assert!(listener_of(ingest, registered).is_some(), "no listener of {registered}");
+    let done = wait_until(|| listener_of(ingest, registered).and_then(|i| i.last_seq) == want);
     assert!(done, "listener of {registered} never reached seq {want:?}");
     ingest.sync_shards().unwrap();
+}
+
+/// The listener registered for `worker` (instance, registered dp rank), as
+/// `Ingest::listener_status` lists it.
+pub fn listener_of(ingest: &Ingest, worker: WorkerId) -> Option<ListenerInfo> {
+    ingest.listener_status().into_iter().find(|i| i.worker == worker)
 }
