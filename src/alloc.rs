@@ -35,8 +35,9 @@ pub const CHECK_INTERVAL_MS: u64 = 1_000;
 /// moved, since the last look or the last trim, for a trim.
 pub const TRIM_MOVED_BYTES: usize = 1 << 20;
 
-/// Applies the settings; call first thing, before other threads start.
-/// Blocks SIGTERM and SIGINT in the calling thread (see `signals`).
+/// Applies the settings; call first thing, before other threads start,
+/// with the daemon's signals already blocked (`kv_indexer::command_line`
+/// does both), since the trim thread inherits the mask.
 pub fn configure() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -46,9 +47,6 @@ pub fn configure() {
             // SAFETY: mallopt takes plain integers and changes allocator settings only.
             unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
         }
-        // The daemon waits for SIGTERM and SIGINT in one thread; every other
-        // thread, this one included, must be spawned with them blocked.
-        kv_indexer::daemon::signals::block();
         let trim = std::thread::Builder::new().name("malloc-trim".into()).spawn(trim_loop);
         // Without the thread the daemon runs as before, only holding more memory.
         drop(trim);

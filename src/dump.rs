@@ -231,11 +231,6 @@ pub fn check_dump_bytes(bytes: u64) -> Result<(), BodyError> {
     Ok(())
 }
 
-/// Parses a `/dump` body (ours or Dynamo's) into its entries.
-pub fn parse_dump(body: &[u8]) -> Result<Vec<DumpEntry>, BodyError> {
-    parse_dump_counted(body).map(|d| d.entries)
-}
-
 /// Parses a `/dump` body and counts what was skipped.
 pub fn parse_dump_counted(body: &[u8]) -> Result<DumpParse, BodyError> {
     check_dump_bytes(body.len() as u64)?;

@@ -14,6 +14,11 @@ use crate::index::{Index, IndexConfig};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
+/// Parses a `/dump` body (ours or Dynamo's) into its entries.
+fn parse_dump(body: &[u8]) -> Result<Vec<DumpEntry>, BodyError> {
+    parse_dump_counted(body).map(|d| d.entries)
+}
+
 fn w(i: u64, r: u32) -> WorkerId {
     WorkerId::new(i, r)
 }

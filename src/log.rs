@@ -179,17 +179,16 @@ pub fn truncate_utf8(s: &str, max: usize) -> &str {
 }
 
 /// Logs at error level.
-#[macro_export]
 macro_rules! error { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Error, format_args!($($t)*)) } }
 /// Logs at warn level.
-#[macro_export]
-macro_rules! warn { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Warn, format_args!($($t)*)) } }
+macro_rules! warn_ { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Warn, format_args!($($t)*)) } }
 /// Logs at info level.
-#[macro_export]
 macro_rules! info { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Info, format_args!($($t)*)) } }
 /// Logs at debug level.
-#[macro_export]
 macro_rules! debug { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Debug, format_args!($($t)*)) } }
+// `warn` is also a built-in attribute's name, which a `use` of it cannot
+// tell apart: the macro is defined as `warn_` and imported under its name.
+pub(crate) use {debug, error, info, warn_ as warn};
 
 #[cfg(test)]
 mod tests {

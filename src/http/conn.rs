@@ -87,7 +87,8 @@ pub struct Head {
 pub enum ReadError {
     /// The peer closed (or went idle past the timeout) between requests.
     Closed,
-    Io(io::Error),
+    /// Reading or writing the socket failed.
+    Io,
     /// Malformed: answer 400 and close.
     Bad(&'static str),
     /// Headers past `HEAD_BYTES_MAX` or `HEADERS_MAX`: answer 431 and close.
@@ -139,7 +140,7 @@ impl<S: Socket> Conn<S> {
                 return Err(ReadError::TimedOut);
             }
             if self.timeout.is_none_or(|t| t > left) {
-                self.sock.set_read_timeout(left).map_err(ReadError::Io)?;
+                self.sock.set_read_timeout(left).map_err(|_| ReadError::Io)?;
                 self.timeout = Some(left);
             }
             match self.sock.read(&mut self.buf[self.end..]) {
@@ -149,7 +150,7 @@ impl<S: Socket> Conn<S> {
                 }
                 Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => {}
                 Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
-                Err(e) => return Err(ReadError::Io(e)),
+                Err(_) => return Err(ReadError::Io),
             }
         }
     }
@@ -221,7 +222,7 @@ impl<S: Socket> Conn<S> {
             return Err(ReadError::BodyTooLarge);
         }
         if head.expect_continue && (head.chunked || head.content_length.is_some_and(|n| n > 0)) {
-            self.sock.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").map_err(ReadError::Io)?;
+            self.sock.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").map_err(|_| ReadError::Io)?;
         }
         if head.chunked {
             self.read_chunked(limit as u64, deadline)?;

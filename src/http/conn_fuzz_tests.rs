@@ -94,7 +94,7 @@ fn refusal(e: ReadError) -> Want {
         ReadError::Bad(_) => Want::Bad,
         ReadError::BodyTooLarge => Want::TooLarge,
         ReadError::HeadTooLarge => Want::HeadTooLarge,
-        ReadError::Closed | ReadError::Io(_) | ReadError::TimedOut => panic!("bytes in memory cannot fail so: {e:?}"),
+        ReadError::Closed | ReadError::Io | ReadError::TimedOut => panic!("bytes in memory cannot fail so: {e:?}"),
     }
 }
 

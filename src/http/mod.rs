@@ -1,13 +1,15 @@
-//! The HTTP API: the server loop, the routes, and the JSON codec.
+//! The HTTP API: the server loop, the routes, and the JSON codec. Only the
+//! codec is the library's: a router serving `/query` in-process parses and
+//! answers with it; the rest is the daemon's.
 
-pub mod access_log;
-pub mod auth;
+pub(crate) mod access_log;
+pub(crate) mod auth;
 pub mod codec;
-pub mod conn;
+pub(crate) mod conn;
 #[cfg(test)]
 mod conn_fuzz_tests;
-pub mod endpoints;
-pub mod metrics;
-pub mod routes;
-pub mod server;
+pub(crate) mod endpoints;
+pub(crate) mod metrics;
+pub(crate) mod routes;
+pub(crate) mod server;
 mod slots;

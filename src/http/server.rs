@@ -235,7 +235,7 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
     while !s.stop.load(Ordering::Relaxed) {
         let mut head = match conn.read_head(first_byte, head_timeout, trace_header) {
             Ok(h) => h,
-            Err(ReadError::Closed | ReadError::Io(_)) => return,
+            Err(ReadError::Closed | ReadError::Io) => return,
             Err(e) => {
                 let status = refuse(&mut conn.sock, &e, &mut scratch, &mut head_buf);
                 s.api.metrics.record_head_refused(status);
@@ -251,7 +251,7 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
         let route = endpoints::route_of(path);
         let body = match conn.read_body(&head, s.limits.body_limit_bytes, started + body_timeout) {
             Ok(body) => body,
-            Err(ReadError::Io(_)) => return,
+            Err(ReadError::Io) => return,
             Err(e) => {
                 let status = refuse(&mut conn.sock, &e, &mut scratch, &mut head_buf);
                 finish(s, wall, &mut head, route, None, status, started);
@@ -313,7 +313,7 @@ fn refuse(w: &mut dyn Write, e: &ReadError, scratch: &mut Scratch, head_buf: &mu
             "request not received in time (--http-head-timeout-s for the head, --http-body-timeout-s for the body)"
                 .to_string(),
         ),
-        ReadError::Closed | ReadError::Io(_) => return 0,
+        ReadError::Closed | ReadError::Io => return 0,
     };
     let reply = Reply::error(&mut scratch.out, status, &message);
     write_reply(w, &reply, scratch.out.len(), &scratch.out, true, head_buf);

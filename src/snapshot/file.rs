@@ -113,12 +113,6 @@ impl SnapshotDir {
         }
     }
 
-    /// Writes `snapshot` crash-safely; returns the file's size.
-    pub fn write(&self, snapshot: &Snapshot) -> std::io::Result<u64> {
-        let _one = self.writing.lock();
-        self.write_locked(snapshot)
-    }
-
     fn write_locked(&self, snapshot: &Snapshot) -> std::io::Result<u64> {
         let bytes = encode(snapshot);
         let tmp = self.dir.join(TEMP_NAME);

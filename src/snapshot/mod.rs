@@ -33,11 +33,9 @@ mod file;
 mod periodic;
 mod restore;
 
-pub use capture::capture;
-pub use codec::{decode, encode, SnapshotError, BODY_BYTES_MAX, FORMAT_VERSION, HEADER_BYTES_MAX, MAGIC};
-pub use file::{SnapshotDir, WriteStats, FILE_NAME};
+pub use file::SnapshotDir;
 pub use periodic::Periodic;
-pub use restore::{plan, restore, Plan, Restored};
+pub use restore::{plan, restore};
 
 use crate::dump::DumpEntry;
 use crate::registry::RegisterArgs;

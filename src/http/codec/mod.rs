@@ -45,7 +45,7 @@ mod response;
 
 use crate::json::check_size;
 pub use crate::json::BodyError;
-pub use control::{parse_peer, parse_register, parse_unregister, UnregisterRequest};
+pub(crate) use control::{parse_peer, parse_register, parse_unregister};
 pub use query::{parse_query, parse_query_by_hash, QueryRequest};
 pub use response::{write_error, write_query_response};
 
