@@ -51,6 +51,23 @@ const fn num(min: u64, max: u64, set: fn(&mut Parsed, u64)) -> Kind {
     Kind::Number { min, max, set }
 }
 
+/// A flag of no alias and no environment variable.
+const fn flag(name: &'static str, value: &'static str, default: &'static str, help: &'static str, kind: Kind) -> Flag {
+    Flag { name, aliases: &[], value, default, env: &[], help, kind }
+}
+
+impl Flag {
+    /// The flag, also spelled `aliases`.
+    const fn aliases(self, aliases: &'static [&'static str]) -> Flag {
+        Flag { aliases, ..self }
+    }
+
+    /// The flag, also read from `env` when not given.
+    const fn env(self, env: &'static [&'static str]) -> Flag {
+        Flag { env, ..self }
+    }
+}
+
 fn path(name: &str, v: &str) -> Result<PathBuf, String> {
     non_blank(name, v, "path").map(PathBuf::from)
 }
@@ -59,161 +76,113 @@ fn path(name: &str, v: &str) -> Result<PathBuf, String> {
 /// type only after their range, which fits it, is checked.
 #[rustfmt::skip]
 pub(crate) const FLAGS: &[Flag] = &[
-    Flag { name: "--port", aliases: &[], value: "N", default: "8090", env: &[],
-        help: "HTTP port",
-        kind: num(0, u16::MAX as u64, |p, n| p.cfg.port = n as u16) },
-    Flag { name: "--host", aliases: &[], value: "ADDR", default: "0.0.0.0", env: &[],
-        help: "HTTP bind address",
-        kind: Kind::Text(|p, name, v| {
-            p.cfg.host = non_blank(name, &v, "address")?.trim().to_string();
-            Ok(())
-        }) },
-    Flag { name: "--unix-socket", aliases: &[], value: "PATH", default: "", env: &[],
-        help: "also serve the API on this Unix socket (mode 0660: the daemon's group)",
-        kind: Kind::Text(|p, _, v| {
-            p.cfg.unix_socket = Some(PathBuf::from(v));
-            Ok(())
-        }) },
-    Flag { name: "--threads", aliases: &[], value: "N", default: "from cores", env: &[],
-        help: "writer shards applying events",
-        kind: num(1, 1024, |p, n| p.cfg.writer_threads = n as usize) },
-    Flag { name: "--listener-threads", aliases: &[], value: "N", default: "from cores", env: &[],
-        help: "threads owning the ZMQ sockets",
-        kind: num(1, 1024, |p, n| p.cfg.listener_threads = n as usize) },
-    Flag { name: "--http-connections-max", aliases: &[], value: "N", default: "1024", env: &[],
-        help: "most open HTTP connections, one thread each; more get 503",
-        kind: num(1, 65_536, |p, n| p.cfg.http.connections_max = n as usize) },
-    Flag { name: "--http-head-timeout-s", aliases: &[], value: "N", default: "10", env: &[],
-        help: "a request head must arrive within N s of its first byte, a new connection's first \
-               within N s of connecting; else 408",
-        kind: num(1, 3_600, |p, n| p.cfg.http.head_timeout_s = n) },
-    Flag { name: "--http-body-timeout-s", aliases: &[], value: "N", default: "60", env: &[],
-        help: "a request body must arrive within N s of its head; else 408",
-        kind: num(1, 3_600, |p, n| p.cfg.http.body_timeout_s = n) },
-    Flag { name: "--block-size", aliases: &[], value: "N", default: "", env: &[],
-        help: "block size of the --workers index (required with --workers)",
-        kind: num(1, 1 << 20, |p, n| p.cfg.block_size = Some(n as u32)) },
-    Flag { name: "--model-name", aliases: &[], value: "NAME", default: "default", env: &[],
-        help: "model of the --workers index",
-        kind: Kind::Text(|p, name, v| {
-            p.cfg.model_name = non_empty(name, v)?;
-            Ok(())
-        }) },
-    Flag { name: "--routing-group", aliases: &["--tenant-id"], value: "NAME", default: "default", env: &[],
-        help: "tenant of the --workers index",
-        kind: Kind::Text(|p, name, v| {
-            p.cfg.tenant_id = non_empty(name, v)?;
-            Ok(())
-        }) },
-    Flag { name: "--workers", aliases: &[], value: "LIST", default: "", env: &[],
-        help: "instance[:dp_rank]=zmq_endpoint, comma separated",
-        kind: Kind::Text(|p, _, v| {
-            p.workers = Some(v);
-            Ok(())
-        }) },
-    Flag { name: "--workers-file", aliases: &[], value: "PATH", default: "", env: &["KV_INDEXER_WORKERS_FILE"],
-        help: "one /register JSON body a line (# comments allowed), registered at start and \
-               reconciled on SIGHUP (systemctl reload): new lines are registered, removed ones \
-               unregistered, changed ones registered anew; a bad file changes nothing",
-        kind: Kind::Text(|p, name, v| {
-            p.cfg.workers_file = Some(path(name, &v)?);
-            Ok(())
-        }) },
-    Flag { name: "--peers", aliases: &[], value: "LIST", default: "", env: &[],
-        help: "peer indexer URLs to recover state from at startup",
-        kind: Kind::Text(|p, _, v| {
-            p.cfg.peers = parse_peers(&v)?;
-            Ok(())
-        }) },
-    Flag { name: "--replay-timeout-ms", aliases: &[], value: "N", default: "2000", env: &[],
-        help: "deadline of one gap replay",
-        kind: num(1, 600_000, |p, n| p.cfg.replay_timeout_ms = n) },
-    Flag { name: "--ingest-coalesce-us", aliases: &[], value: "N", default: "", env: &[],
-        help: "ignored (0..=100000 still accepted): listeners no longer wait between reads; an \
-               event is applied as soon as it is read",
-        kind: num(0, COALESCE_US_MAX, |p, n| p.cfg.ingest_coalesce_us = Some(n)) },
-    Flag { name: "--heartbeat-ms", aliases: &[], value: "N", default: "2500", env: &[],
-        help: "ZMTP heartbeat towards each engine every N ms; an engine silent for 3 intervals is \
-               dropped and reconnected; 0: none",
-        kind: num(0, crate::ingest::HEARTBEAT_MS_MAX as u64, |p, n| p.cfg.heartbeat_ms = n as i32) },
-    Flag { name: "--engine-gone-s", aliases: &[], value: "N", default: "60", env: &["KV_INDEXER_ENGINE_GONE_S"],
-        help: "clear the blocks of an engine unreachable for N s; they refill from its ring when \
-               it is back; 0: never",
-        kind: num(0, crate::ingest::ENGINE_GONE_S_MAX, |p, n| p.cfg.engine_gone_s = n) },
-    Flag { name: "--body-limit-bytes", aliases: &[], value: "N", default: "16 MiB", env: &[],
-        help: "largest request body",
-        kind: num(1024, 1 << 30, |p, n| p.cfg.http.body_limit_bytes = n as usize) },
-    Flag { name: "--jump", aliases: &[], value: "N", default: "64", env: &[],
-        help: "positions per jump of the index search",
-        kind: num(1, 4096, |p, n| p.cfg.jump = n as usize) },
-    Flag { name: "--min-initial-workers", aliases: &[], value: "N", default: "0",
-        env: &["DYN_ROUTER_MIN_INITIAL_WORKERS", "KV_INDEXER_MIN_INITIAL_WORKERS"],
-        help: "/health answers 503 until N workers are registered",
-        kind: num(0, 1_000_000, |p, n| p.cfg.min_initial_workers = n as usize) },
-    Flag { name: "--slow-joiner-ms", aliases: &[], value: "N", default: "1000", env: &[],
-        help: "wait before fetching a peer dump at startup",
-        kind: num(0, 600_000, |p, n| p.cfg.slow_joiner_ms = n) },
-    Flag { name: "--peer-timeout-ms", aliases: &[], value: "N", default: "10000", env: &[],
-        help: "timeout of a whole peer dump request",
-        kind: num(1, 600_000, |p, n| p.cfg.peer_timeout_ms = n) },
-    Flag { name: "--max-pairs", aliases: &[], value: "N", default: "134217728", env: &[],
-        help: "cap on live (block, worker) pairs over all indexes; past it new blocks are refused \
-               and counted, never guessed; 0: no cap",
-        kind: num(0, u64::MAX, |p, n| p.cfg.max_pairs = n) },
-    Flag { name: "--predict-max-blocks", aliases: &[], value: "N", default: "1048576", env: &[],
-        help: "cap on live predicted blocks booked through /routed, over all indexes; a booking \
-               past it is refused",
-        kind: num(1, 1 << 30, |p, n| p.cfg.predict_max_blocks = n) },
-    Flag { name: "--predict-ttl-ms", aliases: &[], value: "N", default: "2000", env: &[],
-        help: "lifetime of a /routed booking that names no ttl_ms, at most 60000",
-        kind: num(1, crate::predict::TTL_MS_MAX, |p, n| p.cfg.predict_ttl_ms = n) },
-    Flag { name: "--admin-token", aliases: &[], value: "TOKEN", default: "", env: &["KV_INDEXER_ADMIN_TOKEN"],
-        help: "require \"Authorization: Bearer TOKEN\" on /register, /unregister, /register_peer, \
-               /deregister_peer, /routed; the variable keeps it out of the process list",
-        kind: Kind::Text(|p, name, v| {
+    flag("--port", "N", "8090", "HTTP port",
+        num(0, u16::MAX as u64, |p, n| p.cfg.port = n as u16)),
+    flag("--host", "ADDR", "0.0.0.0", "HTTP bind address",
+        Kind::Text(|p, name, v| { p.cfg.host = non_blank(name, &v, "address")?.trim().to_string(); Ok(()) })),
+    flag("--unix-socket", "PATH", "", "also serve the API on this Unix socket (mode 0660: the daemon's group)",
+        Kind::Text(|p, _, v| { p.cfg.unix_socket = Some(PathBuf::from(v)); Ok(()) })),
+    flag("--threads", "N", "from cores", "writer shards applying events",
+        num(1, 1024, |p, n| p.cfg.writer_threads = n as usize)),
+    flag("--listener-threads", "N", "from cores", "threads owning the ZMQ sockets",
+        num(1, 1024, |p, n| p.cfg.listener_threads = n as usize)),
+    flag("--http-connections-max", "N", "1024", "most open HTTP connections, one thread each; more get 503",
+        num(1, 65_536, |p, n| p.cfg.http.connections_max = n as usize)),
+    flag("--http-head-timeout-s", "N", "10",
+        "a request head must arrive within N s of its first byte, a new connection's first within N s of \
+         connecting; else 408",
+        num(1, 3_600, |p, n| p.cfg.http.head_timeout_s = n)),
+    flag("--http-body-timeout-s", "N", "60", "a request body must arrive within N s of its head; else 408",
+        num(1, 3_600, |p, n| p.cfg.http.body_timeout_s = n)),
+    flag("--block-size", "N", "", "block size of the --workers index (required with --workers)",
+        num(1, 1 << 20, |p, n| p.cfg.block_size = Some(n as u32))),
+    flag("--model-name", "NAME", "default", "model of the --workers index",
+        Kind::Text(|p, name, v| { p.cfg.model_name = non_empty(name, v)?; Ok(()) })),
+    flag("--routing-group", "NAME", "default", "tenant of the --workers index",
+        Kind::Text(|p, name, v| { p.cfg.tenant_id = non_empty(name, v)?; Ok(()) }))
+        .aliases(&["--tenant-id"]),
+    flag("--workers", "LIST", "", "instance[:dp_rank]=zmq_endpoint, comma separated",
+        Kind::Text(|p, _, v| { p.workers = Some(v); Ok(()) })),
+    flag("--workers-file", "PATH", "",
+        "one /register JSON body a line (# comments allowed), registered at start and reconciled on SIGHUP \
+         (systemctl reload): new lines are registered, removed ones unregistered, changed ones registered \
+         anew; a bad file changes nothing",
+        Kind::Text(|p, name, v| { p.cfg.workers_file = Some(path(name, &v)?); Ok(()) }))
+        .env(&["KV_INDEXER_WORKERS_FILE"]),
+    flag("--peers", "LIST", "", "peer indexer URLs to recover state from at startup",
+        Kind::Text(|p, _, v| { p.cfg.peers = parse_peers(&v)?; Ok(()) })),
+    flag("--replay-timeout-ms", "N", "2000", "deadline of one gap replay",
+        num(1, 600_000, |p, n| p.cfg.replay_timeout_ms = n)),
+    flag("--ingest-coalesce-us", "N", "",
+        "ignored (0..=100000 still accepted): listeners no longer wait between reads; an event is applied as \
+         soon as it is read",
+        num(0, COALESCE_US_MAX, |p, n| p.cfg.ingest_coalesce_us = Some(n))),
+    flag("--heartbeat-ms", "N", "2500",
+        "ZMTP heartbeat towards each engine every N ms; an engine silent for 3 intervals is dropped and \
+         reconnected; 0: none",
+        num(0, crate::ingest::HEARTBEAT_MS_MAX as u64, |p, n| p.cfg.heartbeat_ms = n as i32)),
+    flag("--engine-gone-s", "N", "60",
+        "clear the blocks of an engine unreachable for N s; they refill from its ring when it is back; 0: \
+         never",
+        num(0, crate::ingest::ENGINE_GONE_S_MAX, |p, n| p.cfg.engine_gone_s = n))
+        .env(&["KV_INDEXER_ENGINE_GONE_S"]),
+    flag("--body-limit-bytes", "N", "16 MiB", "largest request body",
+        num(1024, 1 << 30, |p, n| p.cfg.http.body_limit_bytes = n as usize)),
+    flag("--jump", "N", "64", "positions per jump of the index search",
+        num(1, 4096, |p, n| p.cfg.jump = n as usize)),
+    flag("--min-initial-workers", "N", "0", "/health answers 503 until N workers are registered",
+        num(0, 1_000_000, |p, n| p.cfg.min_initial_workers = n as usize))
+        .env(&["DYN_ROUTER_MIN_INITIAL_WORKERS", "KV_INDEXER_MIN_INITIAL_WORKERS"]),
+    flag("--slow-joiner-ms", "N", "1000", "wait before fetching a peer dump at startup",
+        num(0, 600_000, |p, n| p.cfg.slow_joiner_ms = n)),
+    flag("--peer-timeout-ms", "N", "10000", "timeout of a whole peer dump request",
+        num(1, 600_000, |p, n| p.cfg.peer_timeout_ms = n)),
+    flag("--max-pairs", "N", "134217728",
+        "cap on live (block, worker) pairs over all indexes; past it new blocks are refused and counted, \
+         never guessed; 0: no cap",
+        num(0, u64::MAX, |p, n| p.cfg.max_pairs = n)),
+    flag("--predict-max-blocks", "N", "1048576",
+        "cap on live predicted blocks booked through /routed, over all indexes; a booking past it is refused",
+        num(1, 1 << 30, |p, n| p.cfg.predict_max_blocks = n)),
+    flag("--predict-ttl-ms", "N", "2000", "lifetime of a /routed booking that names no ttl_ms, at most 60000",
+        num(1, crate::predict::TTL_MS_MAX, |p, n| p.cfg.predict_ttl_ms = n)),
+    flag("--admin-token", "TOKEN", "",
+        "require \"Authorization: Bearer TOKEN\" on /register, /unregister, /register_peer, /deregister_peer, \
+         /routed; the variable keeps it out of the process list",
+        Kind::Text(|p, name, v| {
             p.cfg.admin_token = Some(AdminToken::new(&v).map_err(|e| format!("{name}: {e}"))?);
             Ok(())
-        }) },
-    Flag { name: "--snapshot-dir", aliases: &[], value: "DIR", default: "", env: &[],
-        help: "write snapshots to DIR/snapshot.bin and restart warm from it",
-        kind: Kind::Text(|p, name, v| {
-            p.cfg.snapshot_dir = Some(path(name, &v)?);
-            Ok(())
-        }) },
-    Flag { name: "--snapshot-interval-s", aliases: &[], value: "N", default: "60", env: &[],
-        help: "seconds between snapshots; 0: only on stop",
-        kind: num(0, 86_400, |p, n| p.cfg.snapshot_interval_s = n) },
-    Flag { name: "--access-log", aliases: &[], value: "PATH", default: "", env: &[],
-        help: "append one JSON line per HTTP request to PATH; reopened by POST /reopen_logs and \
-               SIGHUP (for logrotate)",
-        kind: Kind::Text(|p, name, v| {
-            p.cfg.access_log.path = Some(path(name, &v)?);
-            Ok(())
-        }) },
-    Flag { name: "--trace-id-header", aliases: &[], value: "NAME", default: "x-trace-id", env: &[],
-        help: "request header copied into the access log's trace_id",
-        kind: Kind::Text(|p, name, v| {
+        }))
+        .env(&["KV_INDEXER_ADMIN_TOKEN"]),
+    flag("--snapshot-dir", "DIR", "", "write snapshots to DIR/snapshot.bin and restart warm from it",
+        Kind::Text(|p, name, v| { p.cfg.snapshot_dir = Some(path(name, &v)?); Ok(()) })),
+    flag("--snapshot-interval-s", "N", "60", "seconds between snapshots; 0: only on stop",
+        num(0, 86_400, |p, n| p.cfg.snapshot_interval_s = n)),
+    flag("--access-log", "PATH", "",
+        "append one JSON line per HTTP request to PATH; reopened by POST /reopen_logs and SIGHUP (for \
+         logrotate)",
+        Kind::Text(|p, name, v| { p.cfg.access_log.path = Some(path(name, &v)?); Ok(()) })),
+    flag("--trace-id-header", "NAME", "x-trace-id", "request header copied into the access log's trace_id",
+        Kind::Text(|p, name, v| {
             p.cfg.access_log.trace_id_header = header_name(&v).map_err(|e| format!("{name}: {e}"))?;
             Ok(())
-        }) },
-    Flag { name: "--access-log-local-time", aliases: &[], value: "", default: "", env: &[],
-        help: "local time in the access log instead of UTC",
-        kind: Kind::Switch(|p| p.cfg.access_log.local_time = true) },
-    Flag { name: "--no-pin", aliases: &[], value: "", default: "", env: &[],
-        help: "do not pin listener and shard threads to cores",
-        kind: Kind::Switch(|p| p.cfg.pin_threads = false) },
-    Flag { name: "--log-level", aliases: &[], value: "LEVEL", default: "info", env: &["KV_INDEXER_LOG"],
-        help: "error, warn, info or debug",
-        kind: Kind::Text(|p, name, v| {
+        })),
+    flag("--access-log-local-time", "", "", "local time in the access log instead of UTC",
+        Kind::Switch(|p| p.cfg.access_log.local_time = true)),
+    flag("--no-pin", "", "", "do not pin listener and shard threads to cores",
+        Kind::Switch(|p| p.cfg.pin_threads = false)),
+    flag("--log-level", "LEVEL", "info", "error, warn, info or debug",
+        Kind::Text(|p, name, v| {
             p.cfg.log_level = Level::parse(&v).ok_or_else(|| format!("{name}: unknown level {v:?}"))?;
             Ok(())
-        }) },
-    Flag { name: "--log-format", aliases: &[], value: "F", default: "text", env: &["KV_INDEXER_LOG_FORMAT"],
-        help: "text or json lines",
-        kind: Kind::Text(|p, name, v| {
+        }))
+        .env(&["KV_INDEXER_LOG"]),
+    flag("--log-format", "F", "text", "text or json lines",
+        Kind::Text(|p, name, v| {
             p.cfg.log_format = Format::parse(&v).ok_or_else(|| format!("{name}: {v:?} is not text or json"))?;
             Ok(())
-        }) },
+        }))
+        .env(&["KV_INDEXER_LOG_FORMAT"]),
 ];
 
 /// The flag spelled `spelling`, by its name or an alias.
