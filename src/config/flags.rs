@@ -126,7 +126,7 @@ pub(crate) const FLAGS: &[Flag] = &[
          never",
         num(0, crate::ingest::ENGINE_GONE_S_MAX, |p, n| p.cfg.engine_gone_s = n))
         .env(&["KV_INDEXER_ENGINE_GONE_S"]),
-    flag("--body-limit-bytes", "N", "16 MiB", "largest request body",
+    flag("--body-limit-bytes", "N", "16777216", "largest request body",
         num(1024, 1 << 30, |p, n| p.cfg.http.body_limit_bytes = n as usize)),
     flag("--jump", "N", "64", "positions per jump of the index search",
         num(1, 4096, |p, n| p.cfg.jump = n as usize)),
@@ -184,6 +184,10 @@ pub(crate) const FLAGS: &[Flag] = &[
         }))
         .env(&["KV_INDEXER_LOG_FORMAT"]),
 ];
+
+/// What `parse` answers instead of running: short and long spelling, help.
+pub(crate) const COMMANDS: [(&str, &str, &str); 2] =
+    [("-h", "--help", "this text"), ("-V", "--version", "the version")];
 
 /// The flag spelled `spelling`, by its name or an alias.
 pub(crate) fn find(spelling: &str) -> Option<&'static Flag> {
@@ -249,8 +253,9 @@ pub(crate) fn usage() -> String {
         }
         push_entry(&mut out, &spelled, &help);
     }
-    push_entry(&mut out, "-h, --help", "this text");
-    push_entry(&mut out, "-V, --version", "the version");
+    for (short, long, help) in COMMANDS {
+        push_entry(&mut out, &format!("{short}, {long}"), help);
+    }
     out
 }
 

@@ -249,7 +249,7 @@ mod tests {
             // What the docs show as none or "from cores" is the unset value.
             let value = match f.default {
                 "" | "from cores" => continue,
-                d => d.strip_suffix(" MiB").map_or(d.to_string(), |n| (n.parse::<u64>().unwrap() << 20).to_string()),
+                d => d.to_string(),
             };
             let mut p = Parsed { cfg: Config::default(), workers: None };
             f.set(&mut p, f.name, value).unwrap();
