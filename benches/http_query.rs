@@ -36,7 +36,7 @@
 //! over `/register` like ours). Build Dynamo's with
 //! `cargo build --release --manifest-path benches/dynamo-service/Cargo.toml`.
 //! The trace workload reads `--trace` (default: the 800-request sample in
-//! `benches/data/`, so a fresh clone runs it; the README's figures use the
+//! `benches/data/`, so a fresh clone runs it; docs/benchmarks.md's figures use the
 //! full Mooncake conversation trace).
 
 #[path = "http_query/client.rs"]

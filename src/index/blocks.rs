@@ -32,7 +32,7 @@ pub(crate) struct Chunk {
 // SAFETY: atomics only.
 unsafe impl Zeroable for Chunk {}
 
-// The bytes per pair in ARCHITECTURE.md count on these: 8 bytes a block's
+// The bytes per pair in this module's parent doc (`index/mod.rs`) count on these: 8 bytes a block's
 // chain, 8 bytes of owner per chunk of 16 blocks.
 const _: () = assert!(std::mem::size_of::<Chunk>() == 8 * CHUNK_BLOCKS);
 

@@ -119,7 +119,7 @@ pub(crate) fn prefetch(p: *const u8) {
     let _ = p;
 }
 
-/// Default positions skipped per jump; see the benchmark in README.
+/// Default positions skipped per jump; see the jump benchmark in docs/benchmarks.md.
 pub const JUMP_DEFAULT: usize = 64;
 /// Default deepest position indexed (blocks past it are refused and counted).
 pub const DEPTH_MAX_DEFAULT: usize = 1 << 18;

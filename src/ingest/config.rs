@@ -38,7 +38,7 @@ pub const HEARTBEAT_MS_DEFAULT: i32 = 2_500;
 /// Largest `IngestConfig::heartbeat_ivl_ms` accepted.
 pub const HEARTBEAT_MS_MAX: i32 = 600_000;
 /// Default of `IngestConfig::engine_gone_ms`, in seconds (see README,
-/// "Configuration", for why this long).
+/// "Snapshots, peers and engines that go away", for why this long).
 pub const ENGINE_GONE_S_DEFAULT: u64 = 60;
 /// Largest `IngestConfig::engine_gone_ms` accepted, in seconds (a day).
 pub const ENGINE_GONE_S_MAX: u64 = 86_400;
