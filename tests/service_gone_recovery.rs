@@ -60,7 +60,6 @@ fn blocks_of(d: &Daemon, instance: u64) -> usize {
 }
 
 #[test]
-#[ignore = "shows a defect: a peer's dump applied after an engine-gone clear keeps a dead engine's blocks"]
 fn a_dead_engines_blocks_from_a_peer_dump_are_cleared_after_recovery() {
     // Nothing listens here: the engine is dead from the start.
     let dead = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();

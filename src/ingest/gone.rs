@@ -56,6 +56,12 @@ impl Reach {
         }
     }
 
+    /// Whether this outage's deadline passed with the publisher still away
+    /// (its workers were cleared, and it has not been reachable since).
+    pub(crate) fn gone(&self) -> bool {
+        !self.up && self.gone_at.is_none()
+    }
+
     /// Its entry came up at `now`.
     fn popped(&mut self, now: Instant) -> Due {
         self.queued = false;
@@ -146,6 +152,7 @@ mod tests {
         assert_eq!(d.0.len(), 1, "queued once");
         assert!(expire(&mut d, &mut r, t0 + secs(59)).is_empty());
         assert_eq!(expire(&mut d, &mut r, t0 + secs(60)), vec![Due::Gone]);
+        assert!(r.gone());
         // Still down: nothing more, and no timeout left to wait for.
         r.note(false, false, AFTER, t0 + secs(61));
         d.arm(1, &mut r);
@@ -159,7 +166,7 @@ mod tests {
         let (mut d, mut r) = (Deadlines::default(), Reach::new(AFTER, t0));
         d.arm(1, &mut r);
         r.note(true, true, AFTER, t0 + secs(1));
-        assert!(r.up);
+        assert!(r.up && !r.gone());
         assert_eq!(expire(&mut d, &mut r, t0 + secs(60)), vec![Due::Back]);
         assert!(d.0.is_empty());
     }

@@ -134,6 +134,10 @@ struct Listener {
     fill_pending: bool,
     /// The connection came back while a fill ran: fill again (see `refill`).
     refill: bool,
+    /// Its workers were cleared for want of the engine while the ready gate
+    /// was closed: startup recovery may load a peer's blocks for them after
+    /// that clear, so it is made again when the gate opens (`clear_if_still_gone`).
+    gone_while_closed: bool,
     conn: Connection,
     /// Whether the publisher is reachable, and its `engine_gone_ms` deadline.
     reach: Reach,
@@ -249,6 +253,7 @@ fn take_control(
     }
     if t.gate_open.load(Ordering::Acquire) {
         for l in ls.values_mut() {
+            l.clear_if_still_gone(t);
             l.start_fill_if_due(t);
             // Draining may read the monitor.
             l.drain_held(t);
@@ -355,6 +360,7 @@ fn handle_control(
                 replay,
                 fill_pending,
                 refill: false,
+                gone_while_closed: false,
                 conn,
                 reach,
                 monitor_more: false,
@@ -459,7 +465,22 @@ impl Listener {
             "{} unreachable for {secs} s: its blocks were cleared; reconnecting",
             self.spec.endpoint
         ));
+        // The gate opens after recovery has loaded a peer's dump, if any.
+        self.gone_while_closed = !t.gate_open.load(Ordering::Acquire);
         self.forget_stream(t);
+    }
+
+    /// Clears the workers again if they were cleared for want of the engine
+    /// while the gate was closed and the engine is still away: a peer's dump
+    /// applied since may have put its blocks back. Once, at the gate's opening.
+    fn clear_if_still_gone(&mut self, t: &ThreadCtx) {
+        if std::mem::take(&mut self.gone_while_closed) && self.reach.gone() {
+            crate::info!(
+                "listener {}: engine still unreachable once recovery is done; clearing its workers again",
+                self.shared.label
+            );
+            self.clear_workers(t);
+        }
     }
 
     /// Clears the workers and starts the stream over: no replay, nothing
