@@ -7,7 +7,8 @@
 //! Its deadline is queued once; an entry whose listener came back, or whose
 //! deadline moved (back and gone again meanwhile), is dropped or queued
 //! again when it comes up, so the heap holds at most one entry a listener
-//! and a thread whose publishers are all reachable waits without a timeout.
+//! (a removed listener's goes with it) and a thread whose publishers are
+//! all reachable waits without a timeout.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -102,6 +103,13 @@ impl Deadlines {
         } else {
             timeout_ms.min(until)
         }
+    }
+
+    /// Drops removed listener `id`'s entry: ids are never reused, and an
+    /// entry left until due would pile up with register/unregister churn
+    /// for as long as `engine_gone_ms`.
+    pub(crate) fn remove(&mut self, id: u64) {
+        self.0.retain(|&Reverse((_, of))| of != id);
     }
 
     /// Takes the earliest entry due at `now`, if any: its listener id.
@@ -206,6 +214,22 @@ mod tests {
         d.arm(1, &mut r);
         assert!(d.0.is_empty());
         assert_eq!(d.bound(0, t0), 0);
+    }
+
+    #[test]
+    fn a_removed_listeners_entry_goes_with_it() {
+        let t0 = Instant::now();
+        let mut d = Deadlines::default();
+        for id in 1..=3 {
+            d.arm(id, &mut Reach::new(AFTER, t0));
+        }
+        d.remove(2);
+        assert_eq!(d.0.len(), 2);
+        d.remove(9);
+        assert_eq!(d.0.len(), 2);
+        assert_eq!(d.pop_due(t0 + secs(60)), Some(1));
+        assert_eq!(d.pop_due(t0 + secs(60)), Some(3));
+        assert_eq!(d.pop_due(t0 + secs(60)), None);
     }
 
     #[test]

@@ -302,7 +302,6 @@ fn read_ready(t: &ThreadCtx, ls: &mut Listeners, r: &mut Round) -> bool {
 fn clear_gone(t: &ThreadCtx, ls: &mut Listeners, gone: &mut Deadlines) {
     let now = Instant::now();
     while let Some(id) = gone.pop_due(now) {
-        // A removed listener's entry just goes (ids are never reused).
         let Some(l) = ls.get_mut(&id) else { continue };
         if gone.settle(id, &mut l.reach, now) == Due::Gone {
             l.engine_gone(t);
@@ -371,6 +370,7 @@ fn handle_control(
             ls.insert(id.0, l);
         }
         Control::Remove { id, done } => {
+            gone.remove(id.0);
             let removed = match ls.remove(&id.0) {
                 Some(l) => {
                     // Out of the epoll set before the sockets close.
