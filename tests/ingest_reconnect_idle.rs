@@ -29,7 +29,6 @@ fn stores_only(publisher: &mut TestPublisher, n: usize) -> Vec<u64> {
 }
 
 #[test]
-#[ignore = "shows a defect: a restarted engine that goes idle keeps the old process's blocks"]
 fn a_restarted_engine_idle_after_the_reconnect_holds_nothing_of_the_old_process() {
     let worker = WorkerId::new(70, 0);
     let ingest = Ingest::start(test_config()).unwrap();
@@ -56,7 +55,6 @@ fn a_restarted_engine_idle_after_the_reconnect_holds_nothing_of_the_old_process(
 }
 
 #[test]
-#[ignore = "shows a defect: evictions missed during a short outage stay listed while the engine is idle"]
 fn evictions_missed_while_disconnected_are_not_listed_once_reconnected() {
     let worker = WorkerId::new(71, 0);
     let ingest = Ingest::start(test_config()).unwrap();

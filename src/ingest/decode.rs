@@ -6,6 +6,7 @@
 //! nothing before the decode.
 
 use crate::wire::{self, RawEvent, ReplayReply, REPLAY_END_SEQ};
+use xxhash_rust::xxh3::xxh3_64;
 
 /// One publisher batch, decoded.
 #[derive(Debug)]
@@ -18,6 +19,9 @@ pub(crate) struct Batch {
     pub dp_rank: Option<u32>,
     /// `Err`: the payload did not decode (why, for the log).
     pub events: Result<Vec<RawEvent>, String>,
+    /// xxh3-64 of the payload bytes: a ring's copy of the batch has the
+    /// same, another process's batch of the same seq almost surely not.
+    pub digest: u64,
 }
 
 impl Batch {
@@ -95,9 +99,10 @@ pub(crate) fn decode_reply(frames: &Frames) -> Result<Option<Batch>, String> {
 }
 
 fn decode_batch(seq: u64, payload: &[u8]) -> Batch {
+    let digest = xxh3_64(payload);
     match wire::decode_payload(payload) {
-        Ok(decoded) => Batch { seq, ts: decoded.timestamp, dp_rank: decoded.dp_rank, events: Ok(decoded.events) },
-        Err(e) => Batch { seq, ts: f64::NAN, dp_rank: None, events: Err(e.to_string()) },
+        Ok(d) => Batch { seq, ts: d.timestamp, dp_rank: d.dp_rank, events: Ok(d.events), digest },
+        Err(e) => Batch { seq, ts: f64::NAN, dp_rank: None, events: Err(e.to_string()), digest },
     }
 }
 

@@ -39,7 +39,7 @@ use super::log::LogLimiter;
 use super::outbox::Outbox;
 use super::poller::{Doorbell, Poller, BELL};
 use super::replay::ReplayRun;
-use super::sequencer::{Sequencer, Verdict};
+use super::sequencer::{Sequencer, Verdict, Watermark};
 use super::shard::ShardMsg;
 use super::status::{ListenerId, ListenerShared, ListenerSpec};
 use super::zmq_context::{ZmqContext, ZmqSocket};
@@ -53,8 +53,9 @@ pub(crate) struct NewListener {
     /// PAIR socket receiving the SUB socket's monitor events.
     pub monitor: ZmqSocket,
     pub shared: Arc<ListenerShared>,
-    /// Watermark kept from an earlier registration of the same key.
-    pub last_seq: Option<u64>,
+    /// Watermark kept from an earlier registration of the same key, or
+    /// seeded from a snapshot.
+    pub last_seq: Option<Watermark>,
     /// Other dp ranks the earlier stream of the key wrote to (a snapshot's):
     /// a restart must clear them too.
     pub ranks_written: Vec<u32>,
@@ -75,7 +76,7 @@ pub(crate) enum Control {
 #[derive(Default)]
 pub(crate) struct Removed {
     /// Its final watermark.
-    pub last_seq: Option<u64>,
+    pub last_seq: Option<Watermark>,
     /// Every dp rank its stream named (the registered one first): the
     /// workers it fed.
     pub ranks: Vec<u32>,
@@ -118,6 +119,8 @@ struct Listener {
     monitor: ZmqSocket,
     shared: Arc<ListenerShared>,
     seq: Sequencer,
+    /// The watermark `shared` shows (published when it moves).
+    published: Cell<Option<Watermark>>,
     /// Dp ranks this stream has named (the registered one first): the
     /// workers a restart or resync must clear.
     ranks: Vec<u32>,
@@ -316,7 +319,10 @@ fn clear_gone(t: &ThreadCtx, ls: &mut Listeners, gone: &mut Deadlines) {
 fn flush(t: &ThreadCtx, ls: &Listeners) {
     t.outbox.borrow_mut().flush();
     for l in ls.values() {
-        l.shared.set_last_seq(l.seq.last());
+        let watermark = l.seq.watermark();
+        if l.published.replace(watermark) != watermark {
+            l.shared.set_watermark(watermark);
+        }
     }
 }
 
@@ -352,6 +358,7 @@ fn handle_control(
                 sub,
                 monitor,
                 shared,
+                published: Cell::new(seq.watermark()),
                 seq,
                 ranks,
                 held,
@@ -378,7 +385,7 @@ fn handle_control(
                     poller.remove(&l.monitor);
                     t.held_gauge.fetch_sub(l.held.len() as u64, Ordering::Relaxed);
                     t.held_bytes.set(t.held_bytes.get() - l.held.iter().map(Batch::bytes).sum::<usize>());
-                    Removed { last_seq: l.seq.last(), ranks: l.ranks }
+                    Removed { last_seq: l.seq.watermark(), ranks: l.ranks }
                 }
                 None => Removed::default(),
             };
@@ -395,9 +402,27 @@ impl Listener {
             self.seq.note_connected();
             // What a fill applied may be of a process that is gone now.
             self.refill |= self.replay.as_ref().is_some_and(|run| run.fill);
+            self.fill_after_reconnect(t);
         }
         self.reach.note(self.conn.is_up(), read.came_up, t.cfg.engine_gone(), Instant::now());
         read.more
+    }
+
+    /// After a reconnect nothing live need show what was missed (an idle
+    /// engine, a restarted one whose first batches went out before we were
+    /// back): a fill from the watermark is due, which also tells the same
+    /// process from a new one. A gap's replay running is dropped for it (its
+    /// replies would be judged as the old stream's); its trigger, held,
+    /// bounds the fill.
+    fn fill_after_reconnect(&mut self, t: &ThreadCtx) {
+        if self.seq.last().is_none() || self.spec.replay_endpoint.is_none() {
+            return;
+        }
+        if self.replay.as_ref().is_some_and(|run| !run.fill) {
+            self.replay = None;
+            t.bump(&t.counters.replays_failed, 1);
+        }
+        self.fill_pending = true;
     }
 
     /// What a round's read may have made due: a refill after a reconnect,
@@ -424,30 +449,69 @@ impl Listener {
         if !self.fill_pending || !self.conn.is_up() || self.replay.is_some() || !t.gate_open.load(Ordering::Acquire) {
             return;
         }
-        self.fill_pending = false;
         let Some(endpoint) = self.spec.replay_endpoint.as_deref() else {
+            self.fill_pending = false;
             return;
         };
         let last = self.seq.last();
-        let from = last.map_or(0, |last| last + 1);
+        // From the watermark itself: the ring's batch `last` says whether
+        // it is still the stream we hold (see `on_replayed`).
+        let from = last.unwrap_or(0);
         // Live batches held while the gate was closed: the first past the
         // watermark bounds the fill (the live stream has it and what follows).
         let to = self.held.iter().map(|b| b.seq).find(|&seq| last.is_none_or(|last| seq > last));
-        if to == Some(from) {
+        if last.is_none() && to == Some(0) {
+            self.fill_pending = false;
             return;
         }
-        t.bump(&t.counters.ring_fills, 1);
         let (timeout_ms, batches_max) = (t.cfg.replay_timeout_ms, t.cfg.replay_batches_max);
         match ReplayRun::start(&t.ctx, endpoint, true, (from, to), timeout_ms, batches_max) {
-            Ok(run) => {
+            Ok(mut run) => {
+                t.bump(&t.counters.ring_fills, 1);
+                self.fill_pending = false;
                 crate::debug!("asked {endpoint} for its ring from batch {from}");
+                run.verify = self.seq.watermark();
                 self.replay = Some(run);
             }
             Err(e) => {
+                // Still due: asked again at the listener's next read.
                 self.shared.set_error(e.clone());
                 self.log.warn(|| e);
             }
         }
+    }
+
+    /// A fill from the watermark found no batch `last`, or another one: the
+    /// publisher is another process (or its ring rolled past the
+    /// watermark), so what the workers hold may be stale. They are cleared
+    /// and filled from 0; held live batches are the new connection's.
+    fn another_stream(&mut self, t: &ThreadCtx, found: Option<u64>) {
+        let Some(run) = self.replay.take() else {
+            return;
+        };
+        let last = run.verify.map_or(run.from, |w| w.seq);
+        let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or("");
+        // Another batch `last`, or nothing from there (a ring keeps the
+        // newest batches, so the same process's ring holds some past
+        // `last`), is another process: a restart. A ring that starts past
+        // `last` may be the same process's, rolled past the watermark:
+        // counted as a resync, as a gap across a reconnect is.
+        let (found, counter) = match found {
+            Some(seq) if seq == last => (format!("another batch {last}"), &t.counters.restarts),
+            Some(seq) => (format!("batch {seq} first"), &t.counters.resyncs),
+            None => ("nothing from there".to_string(), &t.counters.restarts),
+        };
+        t.bump(counter, 1);
+        self.log.warn(|| {
+            format!(
+                "ring {endpoint} holds {found}, not our batch {last}: a new process (or a ring past our \
+                 watermark); clearing its workers and filling from 0"
+            )
+        });
+        self.clear_workers(t);
+        self.seq.reset();
+        self.fill_pending = true;
+        self.start_fill_if_due(t);
     }
 
     /// The publisher stayed unreachable for `engine_gone_ms`: its workers
@@ -733,11 +797,11 @@ impl Listener {
             });
             self.clear_workers(t);
         }
-        self.seq.accept(to - 1);
+        self.seq.accept(to - 1, None);
     }
 
     fn apply(&mut self, t: &ThreadCtx, batch: Batch, source: Source) {
-        let seq = batch.seq;
+        let (seq, digest) = (batch.seq, batch.digest);
         let rank = batch.dp_rank.unwrap_or(self.spec.worker.dp_rank);
         let events = match batch.events {
             Ok(events) if self.track_rank(t, rank) => events,
@@ -756,9 +820,9 @@ impl Listener {
             return;
         }
         match source {
-            Source::Live => self.seq.accept_live(seq),
-            Source::Replay => self.seq.accept(seq),
-            Source::Fill { from } => self.seq.accept_filled(from, seq),
+            Source::Live => self.seq.accept_live(seq, digest),
+            Source::Replay => self.seq.accept(seq, Some(digest)),
+            Source::Fill { from } => self.seq.accept_filled(from, seq, digest),
         }
     }
 
@@ -801,6 +865,11 @@ impl Listener {
             run.last_reply = Instant::now();
             let over_budget = run.replies >= t.cfg.replay_batches_max;
             match decoded {
+                // The ring ended before our batch `last`.
+                Ok(None) if run.verify.is_some() => {
+                    self.another_stream(t, None);
+                    return false;
+                }
                 // A fill that no live batch bounded ends with the ring.
                 Ok(None) if run.to.is_none() => {
                     self.finish_replay(t);
@@ -826,9 +895,21 @@ impl Listener {
     }
 
     fn on_replayed(&mut self, t: &ThreadCtx, batch: Batch) {
-        let Some(run) = self.replay.as_ref() else {
+        let Some(run) = self.replay.as_mut() else {
             return;
         };
+        if let Some(expect) = run.verify {
+            if batch.seq < expect.seq {
+                return t.bump(&t.counters.duplicates_dropped, 1);
+            }
+            if batch.seq > expect.seq || expect.digest.is_some_and(|d| d != batch.digest) {
+                return self.another_stream(t, Some(batch.seq));
+            }
+            // Our batch `last`, as we applied it: the same stream goes on.
+            run.verify = None;
+            self.seq.confirm();
+            return;
+        }
         if run.past_end(batch.seq) {
             // Replies come in seq order: everything below `to` has been sent.
             return self.replay_ended(t);
@@ -868,7 +949,8 @@ impl Listener {
     /// batch after the watermark.
     fn fill_reached_live(&self) -> bool {
         let next = self.seq.last().map_or(0, |last| last + 1);
-        self.replay.as_ref().is_some_and(|run| run.fill && run.to.is_some_and(|to| next >= to))
+        let fill = |run: &ReplayRun| run.fill && run.verify.is_none();
+        self.replay.as_ref().is_some_and(|run| fill(run) && run.to.is_some_and(|to| next >= to))
     }
 
     fn check_replay_deadline(&mut self, t: &ThreadCtx) {

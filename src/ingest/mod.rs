@@ -47,21 +47,34 @@
 //!   answer a replay from `last+1` with its own batches. So the worker is
 //!   cleared (counted as a resync) and the batch starts a new stream,
 //!   replayed from 0. A reconnect whose first batch is `last + 1` is taken
-//!   as the same process (a new one that lost exactly that many cannot be
-//!   told apart).
+//!   as the same process by these rules; with a replay endpoint the ring
+//!   fill that every reconnect starts (below) tells the two apart first.
 //!
 //! A new listener has no watermark unless an earlier registration of the
-//! same key left one (watermarks survive remove/add). Its first batch is
-//! applied if `s == 0`; otherwise batches `0..s` are replayed when it can.
+//! same key left one (watermarks survive remove/add) or a snapshot seeded
+//! one. Its first batch is applied if `s == 0`; otherwise batches `0..s`
+//! are replayed when it can. The watermark keeps beside `last` a digest of
+//! batch `last`'s payload (xxh3), saved in snapshots too.
 //!
 //! # Ring fill
 //!
 //! An idle engine sends no batch that would show what a new listener
 //! missed, so a listener with a replay endpoint does not wait for one: on
-//! its first good connection (ZMQ handshake done, ready gate open) it asks
-//! the ring for everything past its watermark (from 0 without one, from
-//! `last + 1` with a kept or seeded one), and again whenever its stream was
-//! started over for want of its engine (see dead engines). Replies are
+//! its first good connection (ZMQ handshake done, ready gate open), on
+//! every reconnect while it has a watermark, and whenever its stream was
+//! started over for want of its engine (see dead engines), it asks the
+//! ring for what it may lack: from 0 without a watermark, and from `last`
+//! itself with one (kept, seeded, or the live one before a reconnect; a
+//! gap's replay running at a reconnect is dropped for it). The ring's first
+//! answer must then be batch `last` with the digest we keep (any batch
+//! `last` when the digest is unknown: given up as lost, or read from a
+//! format 3 snapshot): it is dropped as a duplicate and the fill goes on
+//! past it, the stream confirmed. A ring that answers another batch `last`
+//! or nothing from there is another process's (a restart); one that starts
+//! past `last` rolled past the watermark, or is another process's too (a
+//! resync). Either way the workers are cleared, the watermark forgotten and
+//! the fill starts again from 0. A fill that times out before the ring's
+//! first answer leaves the stream to the live rules. Replies are
 //! judged like a replay's and the listener's live batches are held
 //! meanwhile (bounded as for a replay). The fill ends with the ring's end
 //! marker, or at the first live batch past the watermark: that batch bounds
@@ -91,7 +104,10 @@
 //! its workers through their shards, once per outage, drops what it held,
 //! forgets its watermark and keeps reconnecting; when the publisher is back
 //! a ring fill and the live stream refill the workers, from 0 whatever
-//! process it is.
+//! process it is. The deadline runs during startup recovery too; since a
+//! peer's dump applied after such a clear may put the engine's blocks
+//! back, the clear is made again when the ready gate opens if the engine
+//! is still away.
 //!
 //! # Restart
 //!
@@ -151,6 +167,7 @@ pub use config::{
 };
 pub use counters::IngestCounters;
 pub use lag::{EventLagCounts, EVENT_LAG_BUCKETS_S};
+pub use sequencer::Watermark;
 pub use service::{Ingest, IngestError};
 pub use sink::EventSink;
 pub use status::{ListenerId, ListenerInfo, ListenerSpec, ListenerStatus};

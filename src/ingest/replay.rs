@@ -14,6 +14,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::sequencer::Watermark;
 use super::zmq_context::{ZmqContext, ZmqSocket};
 
 /// A replay request and what it has delivered so far.
@@ -26,6 +27,10 @@ pub(crate) struct ReplayRun {
     /// ring's end marker ends the fill.
     pub from: u64,
     pub to: Option<u64>,
+    /// A fill from a watermark asks from its seq: the ring must answer with
+    /// that very batch first (same seq and digest), or it is another
+    /// process's ring (or one that rolled past it). None once it did.
+    pub verify: Option<Watermark>,
     pub deadline: Instant,
     /// Replies received (bounded by `replay_batches_max`), every request together.
     pub replies: usize,
@@ -59,6 +64,7 @@ impl ReplayRun {
             fill,
             from,
             to,
+            verify: None,
             deadline: Instant::now() + Duration::from_millis(timeout_ms),
             replies: 0,
             applied: 0,

@@ -9,6 +9,20 @@
 //! seqs it applied ahead stay marked (`filled`) until the live stream has
 //! delivered or passed them, so their live copies are duplicates, not a
 //! restart at seq 0.
+//!
+//! Beside `last` it keeps a digest of batch `last`'s payload, when known:
+//! a ring asked from `last` after a reconnect answers with the same batch
+//! only if it is the same process (a new one that published past `last`
+//! has a batch `last` too, with other content).
+
+/// A listener key's watermark: the highest seq dealt with, and the digest
+/// of that batch's payload (None when it was given up as lost, or saved by
+/// a build that kept none).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Watermark {
+    pub seq: u64,
+    pub digest: Option<u64>,
+}
 
 /// What the listener must do with a batch, given its seq.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -36,13 +50,16 @@ pub(crate) enum Verdict {
 #[derive(Clone, Debug)]
 pub(crate) struct Sequencer {
     last: Option<u64>,
+    /// Digest of batch `last`'s payload, if known.
+    digest: Option<u64>,
     /// A new connection was made since the last accepted batch. A publisher
     /// never resends delivered messages on a new connection, so a seq at or
     /// below the watermark that arrives on one comes from a new process.
     reconnected: bool,
     /// The live connection dropped and came back since the last accepted
-    /// batch (unlike `reconnected`, not set by a kept watermark: a worker
-    /// re-registered after unregister holds nothing the old stream wrote).
+    /// batch (unlike `reconnected`, not set by a kept or seeded watermark:
+    /// with a replay endpoint, its first ring fill tells whether the stream
+    /// is the same (`confirm`); without one, a gap is a resync either way).
     rejoined: bool,
     /// A drop of at least this many below the watermark is a restart even
     /// without a reconnect, in case the reconnect went unnoticed.
@@ -57,10 +74,12 @@ pub(crate) struct Sequencer {
 }
 
 impl Sequencer {
-    /// A sequencer resuming from `last` (kept across unregister/register).
-    pub(crate) fn new(last: Option<u64>, restart_seq_drop_min: u64) -> Self {
+    /// A sequencer resuming from `last` (kept across unregister/register,
+    /// or seeded from a snapshot).
+    pub(crate) fn new(last: Option<Watermark>, restart_seq_drop_min: u64) -> Self {
         Self {
-            last,
+            last: last.map(|w| w.seq),
+            digest: last.and_then(|w| w.digest),
             // A new listener is a new connection: anything at or below a
             // watermark kept from an earlier registration is a new process.
             reconnected: last.is_some(),
@@ -73,6 +92,18 @@ impl Sequencer {
     /// The highest seq dealt with, if any.
     pub(crate) fn last(&self) -> Option<u64> {
         self.last
+    }
+
+    /// The watermark with its digest, if any.
+    pub(crate) fn watermark(&self) -> Option<Watermark> {
+        self.last.map(|seq| Watermark { seq, digest: self.digest })
+    }
+
+    /// The publisher answered with batch `last` as we applied it: the same
+    /// stream, whatever the reconnect suggested.
+    pub(crate) fn confirm(&mut self) {
+        self.reconnected = false;
+        self.rejoined = false;
     }
 
     /// Judges a live batch.
@@ -107,10 +138,12 @@ impl Sequencer {
         }
     }
 
-    /// Marks `seq` as dealt with (applied or given up as lost).
-    pub(crate) fn accept(&mut self, seq: u64) {
+    /// Marks `seq` as dealt with: applied (`digest` of its payload), or
+    /// given up as lost (None).
+    pub(crate) fn accept(&mut self, seq: u64, digest: Option<u64>) {
         debug_assert!(self.last.is_none_or(|last| seq > last), "watermark must only move forward");
         self.last = Some(seq);
+        self.digest = digest;
         self.reconnected = false;
         self.rejoined = false;
     }
@@ -133,16 +166,16 @@ impl Sequencer {
 
     /// `accept` for a live batch: past what a fill applied ahead, the live
     /// stream owes no more copies.
-    pub(crate) fn accept_live(&mut self, seq: u64) {
+    pub(crate) fn accept_live(&mut self, seq: u64, digest: u64) {
         if self.filled.is_some_and(|(_, hi)| seq > hi) {
             self.filled = None;
         }
-        self.accept(seq);
+        self.accept(seq, Some(digest));
     }
 
     /// `accept` for a batch a ring fill asked from `from` applied.
-    pub(crate) fn accept_filled(&mut self, from: u64, seq: u64) {
-        self.accept(seq);
+    pub(crate) fn accept_filled(&mut self, from: u64, seq: u64, digest: u64) {
+        self.accept(seq, Some(digest));
         let lo = self.filled.map_or(from, |(lo, _)| lo);
         self.filled = Some((lo, seq));
     }
@@ -150,6 +183,7 @@ impl Sequencer {
     /// Forgets the watermark: the next batch starts a new stream.
     pub(crate) fn reset(&mut self) {
         self.last = None;
+        self.digest = None;
         self.reconnected = false;
         self.rejoined = false;
         self.filled = None;
@@ -174,7 +208,7 @@ mod tests {
 
     fn at(last: u64) -> Sequencer {
         let mut s = Sequencer::new(None, WINDOW);
-        s.accept(last);
+        s.accept(last, None);
         s
     }
 
@@ -182,9 +216,9 @@ mod tests {
     fn in_order_batches_apply() {
         let mut s = Sequencer::new(None, WINDOW);
         assert_eq!(s.judge_live(0), Verdict::Apply);
-        s.accept(0);
+        s.accept(0, None);
         assert_eq!(s.judge_live(1), Verdict::Apply);
-        s.accept(1);
+        s.accept(1, None);
         assert_eq!(s.last(), Some(1));
     }
 
@@ -227,13 +261,13 @@ mod tests {
         assert_eq!(s.judge_live(9), Verdict::Restart);
         // A batch that continues the stream clears the suspicion.
         assert_eq!(s.judge_live(11), Verdict::Apply);
-        s.accept(11);
+        s.accept(11, None);
         assert_eq!(s.judge_live(9), Verdict::Duplicate);
     }
 
     #[test]
     fn a_kept_watermark_treats_a_step_back_as_a_restart() {
-        let s = Sequencer::new(Some(50), WINDOW);
+        let s = Sequencer::new(Some(Watermark { seq: 50, digest: None }), WINDOW);
         assert_eq!(s.judge_live(49), Verdict::Restart);
         assert_eq!(s.judge_live(51), Verdict::Apply);
         // Nothing the old stream wrote is held any more: a gap is replayed.
@@ -247,11 +281,34 @@ mod tests {
         assert_eq!(s.judge_live(14), Verdict::Rejoin);
         // The next batch in order may well be the old process after a blip.
         assert_eq!(s.judge_live(11), Verdict::Apply);
-        s.accept(11);
+        s.accept(11, None);
         assert_eq!(s.judge_live(14), Verdict::Gap { from: 12, to: 14, fresh: false });
         // Replies come from one process's buffer: a hole in them is a gap.
         s.note_connected();
         assert_eq!(s.judge_replayed(14), Verdict::Gap { from: 12, to: 14, fresh: false });
+    }
+
+    #[test]
+    fn the_watermark_keeps_the_digest_of_the_batch_applied_last() {
+        let mut s = Sequencer::new(Some(Watermark { seq: 3, digest: Some(7) }), WINDOW);
+        assert_eq!(s.watermark(), Some(Watermark { seq: 3, digest: Some(7) }));
+        s.accept_live(4, 9);
+        assert_eq!(s.watermark(), Some(Watermark { seq: 4, digest: Some(9) }));
+        // Given up as lost: what batch 6 held is unknown.
+        s.accept(6, None);
+        assert_eq!(s.watermark(), Some(Watermark { seq: 6, digest: None }));
+        s.reset();
+        assert_eq!(s.watermark(), None);
+    }
+
+    #[test]
+    fn a_confirmed_stream_is_judged_as_if_never_reconnected() {
+        let mut s = at(10);
+        s.note_connected();
+        assert_eq!(s.judge_live(14), Verdict::Rejoin);
+        s.confirm();
+        assert_eq!(s.judge_live(14), Verdict::Gap { from: 11, to: 14, fresh: false });
+        assert_eq!(s.judge_live(9), Verdict::Duplicate);
     }
 
     #[test]
@@ -276,7 +333,7 @@ mod tests {
         let mut s = Sequencer::new(None, 1);
         for seq in 0..=5 {
             assert_eq!(s.judge_replayed(seq), Verdict::Apply);
-            s.accept_filled(0, seq);
+            s.accept_filled(0, seq, seq);
         }
         // Every drop is past `restart_seq_drop_min` here, and seq 0 is a
         // restart anywhere else: the fill's window says otherwise.
@@ -287,7 +344,7 @@ mod tests {
         // The live stream comes in order: after 3, a 0 is no copy.
         assert!(!s.take_filled_copy(0));
         assert_eq!(s.judge_live(6), Verdict::Apply);
-        s.accept_live(6);
+        s.accept_live(6, 6);
         // The live stream passed the window: a step back to 5 is a restart again.
         assert!(!s.take_filled_copy(5));
         assert_eq!(s.judge_live(5), Verdict::Restart);
@@ -296,7 +353,7 @@ mod tests {
     #[test]
     fn the_last_copy_ends_the_fill_window() {
         let mut s = Sequencer::new(None, WINDOW);
-        (0..=2).for_each(|seq| s.accept_filled(0, seq));
+        (0..=2).for_each(|seq| s.accept_filled(0, seq, seq));
         assert!(s.covers_filled(0) && s.covers_filled(2) && !s.covers_filled(3));
         assert!(s.take_filled_copy(2));
         assert!(!s.covers_filled(0));
@@ -307,10 +364,10 @@ mod tests {
 
     #[test]
     fn a_fill_from_a_kept_watermark_marks_only_what_it_applied() {
-        let mut s = Sequencer::new(Some(9), WINDOW);
+        let mut s = Sequencer::new(Some(Watermark { seq: 9, digest: None }), WINDOW);
         assert_eq!(s.judge_replayed(10), Verdict::Apply);
-        s.accept_filled(10, 10);
-        s.accept_filled(10, 11);
+        s.accept_filled(10, 10, 10);
+        s.accept_filled(10, 11, 11);
         // Below the fill: the kept watermark's rules (a new connection).
         assert!(!s.take_filled_copy(9));
         assert_eq!(s.judge_live(9), Verdict::Duplicate);
@@ -321,12 +378,12 @@ mod tests {
     #[test]
     fn a_reconnect_or_a_reset_ends_the_fill_window() {
         let mut s = Sequencer::new(None, WINDOW);
-        s.accept_filled(0, 0);
-        s.accept_filled(0, 1);
+        s.accept_filled(0, 0, 0);
+        s.accept_filled(0, 1, 1);
         s.note_connected();
         assert!(!s.take_filled_copy(0));
         assert_eq!(s.judge_live(0), Verdict::Restart);
-        s.accept_filled(2, 2);
+        s.accept_filled(2, 2, 2);
         s.reset();
         assert!(!s.take_filled_copy(2));
         assert_eq!(s.judge_live(0), Verdict::Apply);

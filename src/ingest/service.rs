@@ -24,6 +24,7 @@ use super::lag::EventLagCounts;
 use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
 use super::outbox::{queue_len, Outbox};
 use super::poller::Doorbell;
+use super::sequencer::Watermark;
 use super::shard::{run_shard, shard_for, Shard, ShardMsg};
 use super::sink::EventSink;
 use super::status::{ListenerId, ListenerInfo, ListenerShared, ListenerSpec};
@@ -103,7 +104,7 @@ struct Registry {
     /// Keys with a listener, including one being removed.
     by_worker: FxHashMap<WorkerId, ListenerId>,
     /// Watermarks of removed listeners, by key.
-    watermarks: FxHashMap<WorkerId, u64>,
+    watermarks: FxHashMap<WorkerId, Watermark>,
     /// Extra dp ranks a seeded key's earlier stream wrote to (`seed_watermark`).
     seeded_ranks: FxHashMap<WorkerId, Vec<u32>>,
     next_id: u64,
@@ -317,12 +318,19 @@ impl Ingest {
 
     /// Seeds the watermark of `worker`'s next listener, as if an earlier
     /// listener of the key had dealt with batches up to `last_seq` (a
-    /// snapshot's). Its first batch then continues the stream: `last_seq + 1`
-    /// applies, a later seq is a gap replayed from `last_seq + 1`, and a seq
-    /// at or below it is a restart that clears the registered rank and
+    /// snapshot's). With a replay endpoint its first ring fill asks from
+    /// that seq and goes on from it only if the ring's batch there is the
+    /// one applied (its digest, when known); otherwise it is a new process.
+    /// Live, `last_seq + 1` applies, a later seq is a gap, and a seq at or
+    /// below it is a restart. A restart clears the registered rank and
     /// `ranks_written` (other dp ranks that stream wrote to). Call before
     /// `add_listener` for the key.
-    pub fn seed_watermark(&self, worker: WorkerId, last_seq: u64, ranks_written: &[u32]) -> Result<(), IngestError> {
+    pub fn seed_watermark(
+        &self,
+        worker: WorkerId,
+        last_seq: Watermark,
+        ranks_written: &[u32],
+    ) -> Result<(), IngestError> {
         let mut reg = self.registry.lock();
         if reg.by_worker.contains_key(&worker) {
             return Err(IngestError::AlreadyRegistered(worker));
@@ -343,9 +351,9 @@ impl Ingest {
 
     /// The watermark (highest seq dealt with) of every running listener that
     /// has one, by key. A snapshot pairs these with the index state.
-    pub fn watermarks(&self) -> Vec<(WorkerId, u64)> {
+    pub fn watermarks(&self) -> Vec<(WorkerId, Watermark)> {
         let reg = self.registry.lock();
-        reg.listeners.values().filter_map(|e| e.shared.last_seq().map(|s| (e.spec.worker, s))).collect()
+        reg.listeners.values().filter_map(|e| e.shared.watermark().map(|w| (e.spec.worker, w))).collect()
     }
 
     /// Removes `worker` from `sink` through its shard, after every batch of

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::config::LAST_ERROR_LEN_MAX;
+use super::sequencer::Watermark;
 use super::sink::EventSink;
 use crate::event::WorkerId;
 use crate::log::truncate_utf8;
@@ -88,9 +89,6 @@ pub struct ListenerInfo {
     pub since_last_batch: Duration,
 }
 
-/// Marks "no seq yet" in `last_seq`: the replay end marker, never a live seq.
-const NO_SEQ: u64 = u64::MAX;
-
 /// State written by the listener thread, read by the API.
 #[derive(Debug)]
 pub(crate) struct ListenerShared {
@@ -99,7 +97,9 @@ pub(crate) struct ListenerShared {
     /// Changed and read whole, so a status never shows without the error
     /// that explains it.
     conn: Mutex<Conn>,
-    last_seq: AtomicU64,
+    /// Published by the listener thread only when it moved (see `flush`):
+    /// seq and digest are read together.
+    watermark: Mutex<Option<Watermark>>,
     /// Batches received on this listener.
     pub batches_received: AtomicU64,
     /// `clock_ms()` when the last live batch arrived, or the listener was added.
@@ -120,11 +120,11 @@ struct Conn {
 }
 
 impl ListenerShared {
-    pub(crate) fn new(label: String, last_seq: Option<u64>) -> Self {
+    pub(crate) fn new(label: String, watermark: Option<Watermark>) -> Self {
         Self {
             label,
             conn: Mutex::new(Conn::default()),
-            last_seq: AtomicU64::new(last_seq.unwrap_or(NO_SEQ)),
+            watermark: Mutex::new(watermark),
             batches_received: AtomicU64::new(0),
             last_batch_ms: AtomicU64::new(clock_ms()),
         }
@@ -202,12 +202,16 @@ impl ListenerShared {
         }
     }
 
-    pub(crate) fn set_last_seq(&self, seq: Option<u64>) {
-        self.last_seq.store(seq.unwrap_or(NO_SEQ), Ordering::Relaxed);
+    pub(crate) fn set_watermark(&self, watermark: Option<Watermark>) {
+        *self.watermark.lock() = watermark;
+    }
+
+    pub(crate) fn watermark(&self) -> Option<Watermark> {
+        *self.watermark.lock()
     }
 
     pub(crate) fn last_seq(&self) -> Option<u64> {
-        Some(self.last_seq.load(Ordering::Relaxed)).filter(|&s| s != NO_SEQ)
+        self.watermark().map(|w| w.seq)
     }
 }
 

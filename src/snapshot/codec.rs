@@ -15,7 +15,8 @@
 //!   u32 registrations, each:
 //!     u64 instance_id, u32 dp_rank, u32 block_size,
 //!     addr endpoint, opt_addr replay_endpoint, name model_name, name tenant_id,
-//!     u8 has_last_seq, [u64 last_seq]
+//!     u8 has_last_seq, [u64 last_seq, u8 has_digest, [u64 digest]]
+//!       (format 3 has no digest part: a watermark without a digest)
 //!   u32 indexes (<= registry::INDEXES_MAX), each:
 //!     name model_name, name tenant_id, u32 block_size,
 //!     u32 workers, each: u64 instance_id, u32 dp_rank
@@ -48,7 +49,7 @@ use super::{SavedIndex, SavedRegistration, Snapshot};
 use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId, BLOCKS_PER_EVENT_MAX};
 use crate::index::{DumpEvent, Orphan};
-use crate::ingest::{BLOCK_SIZE_MAX, LISTENERS_MAX};
+use crate::ingest::{Watermark, BLOCK_SIZE_MAX, LISTENERS_MAX};
 use crate::log::truncate_utf8;
 use crate::registry::{RegisterArgs, INDEXES_MAX, NAME_BYTES_MAX};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -57,11 +58,15 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// First bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"KVIXSNAP";
-/// The format this build writes and the only one it reads. Format 3 holds
-/// exactly the blocks each worker holds, orphans placed by their missing
-/// ancestors' local hashes; format 2 carried stand-in ancestor blocks,
-/// removed again after them; format 1 left orphans out.
-pub const FORMAT_VERSION: u32 = 3;
+/// The format this build writes. Format 4 keeps beside each watermark the
+/// digest of that batch's payload (a ring fill tells the same engine
+/// process from a new one by it); format 3, which it still reads, did not.
+/// Format 3 holds exactly the blocks each worker holds, orphans placed by
+/// their missing ancestors' local hashes; format 2 carried stand-in
+/// ancestor blocks, removed again after them; format 1 left orphans out.
+pub const FORMAT_VERSION: u32 = 4;
+/// The oldest format this build reads.
+const FORMAT_READ_MIN: u32 = 3;
 /// Longest daemon version string in a header, in bytes.
 pub const VERSION_BYTES_MAX: usize = 64;
 /// Largest header: the fixed fields plus the longest version string.
@@ -125,7 +130,7 @@ impl fmt::Display for SnapshotError {
                 f,
                 "written by an older kv-indexer in format {format}, which kept blocks held without their \
                  prefix otherwise (format 1 left them out, format 2 under stand-in blocks); this build reads \
-                 format {FORMAT_VERSION} only"
+                 formats {FORMAT_READ_MIN} to {FORMAT_VERSION}"
             ),
             SnapshotError::Truncated { have, need } => {
                 write!(f, "truncated: {have} bytes where at least {need} are needed")
@@ -222,8 +227,12 @@ fn put_registration(out: &mut Vec<u8>, SavedRegistration { args: r, last_seq }: 
     put_str(out, &r.model_name);
     put_str(out, &r.tenant_id);
     out.push(last_seq.is_some() as u8);
-    if let Some(seq) = last_seq {
+    if let Some(Watermark { seq, digest }) = last_seq {
         out.extend_from_slice(&seq.to_le_bytes());
+        out.push(digest.is_some() as u8);
+        if let Some(digest) = digest {
+            out.extend_from_slice(&digest.to_le_bytes());
+        }
     }
 }
 
@@ -313,6 +322,7 @@ fn put_orphan(out: &mut Vec<u8>, o: &Orphan) {
 
 /// What a header says, once checked.
 struct Header {
+    format: u32,
     daemon_version: String,
     created_unix_ms: u64,
     body_len: u64,
@@ -341,7 +351,7 @@ fn decode_header(bytes: &[u8]) -> Result<Header, SnapshotError> {
     if format == 0 {
         return Err(SnapshotError::UnknownVersion { format });
     }
-    if format < FORMAT_VERSION {
+    if format < FORMAT_READ_MIN {
         return Err(SnapshotError::OldVersion { format });
     }
     let version_len = u16::from_le_bytes([bytes[12], bytes[13]]) as usize;
@@ -362,7 +372,8 @@ fn decode_header(bytes: &[u8]) -> Result<Header, SnapshotError> {
     if body_len > BODY_BYTES_MAX {
         return Err(SnapshotError::TooLarge { bytes: body_len });
     }
-    Ok(Header { daemon_version, created_unix_ms: u64_at(fixed), body_len, body_xxh3: u64_at(fixed + 16), len })
+    let (created_unix_ms, body_xxh3) = (u64_at(fixed), u64_at(fixed + 16));
+    Ok(Header { format, daemon_version, created_unix_ms, body_len, body_xxh3, len })
 }
 
 /// The file size a header announces, from the first bytes of a file (for a
@@ -388,7 +399,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
         return Err(SnapshotError::BodyChecksum);
     }
     let mut r = Reader { buf: body, pos: 0, base: h.len as u64 };
-    let (registrations, indexes) = decode_body(&mut r)?;
+    let (registrations, indexes) = decode_body(&mut r, h.format)?;
     if r.pos != body.len() {
         return Err(r.malformed("bytes left after the last index"));
     }
@@ -433,6 +444,13 @@ impl<'a> Reader<'a> {
 
     fn u64(&mut self) -> Res<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+
+    /// A watermark's seq, and its digest from format 4 on.
+    fn watermark(&mut self, format: u32) -> Res<Watermark> {
+        let seq = self.u64()?;
+        let digest = if format >= 4 && self.flag("watermark digest")? { Some(self.u64()?) } else { None };
+        Ok(Watermark { seq, digest })
     }
 
     fn flag(&mut self, what: &str) -> Res<bool> {
@@ -484,7 +502,7 @@ const EVENT_BYTES_MIN: usize = 1 + 4;
 /// Most events in one index: as many as the largest body can hold.
 const EVENTS_PER_INDEX_MAX: usize = (BODY_BYTES_MAX / EVENT_BYTES_MIN as u64) as usize;
 
-fn decode_body(r: &mut Reader<'_>) -> Res<(Vec<SavedRegistration>, Vec<SavedIndex>)> {
+fn decode_body(r: &mut Reader<'_>, format: u32) -> Res<(Vec<SavedRegistration>, Vec<SavedIndex>)> {
     let n = r.u32()? as u64;
     let n = r.count(n, REGISTRATIONS_MAX, REGISTRATION_BYTES_MIN, "registrations")?;
     let mut registrations = Vec::with_capacity(n);
@@ -497,7 +515,7 @@ fn decode_body(r: &mut Reader<'_>) -> Res<(Vec<SavedRegistration>, Vec<SavedInde
             if r.flag("replay endpoint")? { Some(r.name("replay endpoint", ADDRESS_BYTES_MAX)?) } else { None };
         let model_name = r.name("model name", NAME_BYTES_MAX)?;
         let tenant_id = r.name("tenant id", NAME_BYTES_MAX)?;
-        let last_seq = if r.flag("watermark")? { Some(r.u64()?) } else { None };
+        let last_seq = if r.flag("watermark")? { Some(r.watermark(format)?) } else { None };
         let args = RegisterArgs { instance_id, dp_rank, endpoint, replay_endpoint, model_name, tenant_id, block_size };
         if !keys.insert(args.worker()) {
             return Err(r.malformed(format!("worker {} registered twice", args.worker())));

@@ -22,7 +22,7 @@ fn sample() -> Snapshot {
                     tenant_id: "default".into(),
                     block_size: 16,
                 },
-                last_seq: Some(41),
+                last_seq: Some(Watermark { seq: 41, digest: Some(0x5eed) }),
             },
             SavedRegistration {
                 args: RegisterArgs {
@@ -65,8 +65,14 @@ fn sample() -> Snapshot {
 
 /// Rebuilds the header around `body` with valid checksums (a "writer bug" file).
 fn seal(body: &[u8]) -> Vec<u8> {
+    seal_as(FORMAT_VERSION, body)
+}
+
+/// `seal`, with the header saying `format`.
+fn seal_as(format: u32, body: &[u8]) -> Vec<u8> {
     let s = Snapshot { created_unix_ms: 5, daemon_version: "x".into(), registrations: vec![], indexes: vec![] };
     let mut out = encode(&s);
+    out[8..12].copy_from_slice(&format.to_le_bytes());
     let header_len = out.len() - 8; // empty body: 8 bytes of counts
     out.truncate(header_len);
     let fixed = header_len - 32;
@@ -90,6 +96,32 @@ fn round_trip_is_exact() {
     assert_eq!(decode(&bytes).unwrap(), s);
     let empty = Snapshot { created_unix_ms: 0, daemon_version: String::new(), registrations: vec![], indexes: vec![] };
     assert_eq!(decode(&encode(&empty)).unwrap(), empty);
+}
+
+#[test]
+fn a_format_3_file_loads_with_watermarks_without_a_digest() {
+    // One registration as format 3 wrote it, watermark 41, and no index.
+    let mut body = Vec::new();
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&7u64.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.extend_from_slice(&16u32.to_le_bytes());
+    let put = |body: &mut Vec<u8>, text: &str| {
+        body.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        body.extend_from_slice(text.as_bytes());
+    };
+    put(&mut body, "tcp://127.0.0.1:5557");
+    body.push(0);
+    put(&mut body, "m");
+    put(&mut body, "t");
+    body.push(1);
+    body.extend_from_slice(&41u64.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    let s = decode(&seal_as(3, &body)).unwrap();
+    assert_eq!(s.registrations[0].last_seq, Some(Watermark { seq: 41, digest: None }));
+    // The same body read as format 4 lacks the digest flag.
+    assert!(matches!(decode(&seal_as(4, &body)), Err(SnapshotError::Malformed { .. })));
+    assert_eq!(decode(&seal_as(2, &body)), Err(SnapshotError::OldVersion { format: 2 }));
 }
 
 #[test]

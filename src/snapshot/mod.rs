@@ -38,14 +38,16 @@ pub use periodic::Periodic;
 pub use restore::{plan, restore};
 
 use crate::dump::DumpEntry;
+use crate::ingest::Watermark;
 use crate::registry::RegisterArgs;
 
 /// One registration as saved: what registers it again, and its watermark.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SavedRegistration {
     pub args: RegisterArgs,
-    /// The listener's watermark: highest seq whose batch the indexes reflect.
-    pub last_seq: Option<u64>,
+    /// The listener's watermark: highest seq whose batch the indexes
+    /// reflect, and that batch's digest.
+    pub last_seq: Option<Watermark>,
 }
 
 /// One (model, tenant) index as saved: its block size and the blocks each

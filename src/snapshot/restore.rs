@@ -29,6 +29,7 @@
 
 use super::{SavedIndex, SavedRegistration, Snapshot};
 use crate::event::WorkerId;
+use crate::ingest::Watermark;
 use crate::registry::{RegisterArgs, Registry};
 use rustc_hash::FxHashSet;
 
@@ -38,7 +39,7 @@ pub struct Plan {
     /// Indexes to rebuild, with the events of dropped workers removed.
     pub indexes: Vec<SavedIndex>,
     /// Listener key, watermark, and the other dp ranks that stream wrote to.
-    pub watermarks: Vec<(WorkerId, u64, Vec<u32>)>,
+    pub watermarks: Vec<(WorkerId, Watermark, Vec<u32>)>,
     /// The command line's workers, merged with their snapshot entries.
     pub command_line: Vec<RegisterArgs>,
     /// The snapshot's other registrations.
@@ -257,7 +258,7 @@ mod tests {
     fn reg(instance: u64, rank: u32, endpoint: &str, model: &str, last: Option<u64>) -> SavedRegistration {
         let mut args = cli(instance, rank, endpoint, model, 4);
         args.replay_endpoint = Some(format!("{endpoint}9"));
-        SavedRegistration { args, last_seq: last }
+        SavedRegistration { args, last_seq: last.map(|seq| Watermark { seq, digest: None }) }
     }
 
     fn cli(instance: u64, rank: u32, endpoint: &str, model: &str, block_size: u32) -> RegisterArgs {
@@ -318,8 +319,9 @@ mod tests {
         assert!(p.notes.is_empty());
         assert_eq!(workers(&p, "m").len(), 5);
         let w = |i| p.watermarks.iter().find(|(w, ..)| w.instance_id == i).cloned();
-        assert_eq!(w(1), Some((WorkerId::new(1, 0), 10, vec![7])), "extra rank 7 is cleared with rank 0");
-        assert_eq!(w(2), Some((WorkerId::new(2, 0), 20, vec![])));
+        let at = |seq| Watermark { seq, digest: None };
+        assert_eq!(w(1), Some((WorkerId::new(1, 0), at(10), vec![7])), "extra rank 7 is cleared with rank 0");
+        assert_eq!(w(2), Some((WorkerId::new(2, 0), at(20), vec![])));
         assert_eq!(w(3), None, "no watermark: a fresh stream");
     }
 
@@ -336,7 +338,7 @@ mod tests {
         assert_eq!(p.command_line[1].endpoint, "tcp://moved:1");
         assert_eq!(p.command_line[1].replay_endpoint, None);
         assert_eq!(p.saved.iter().map(|a| a.instance_id).collect::<Vec<_>>(), vec![3, 4, 5]);
-        assert!(p.watermarks.iter().any(|(w, s, _)| w.instance_id == 1 && *s == 10));
+        assert!(p.watermarks.iter().any(|(w, s, _)| w.instance_id == 1 && s.seq == 10));
         assert!(!p.watermarks.iter().any(|(w, ..)| w.instance_id == 2));
         assert!(!workers(&p, "m").contains(&WorkerId::new(2, 0)), "the moved engine starts cold");
         assert_eq!(p.notes.len(), 1);
