@@ -413,7 +413,7 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8]) -> Result<(), ReadErr
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const SECOND: Duration = Duration::from_secs(1);

@@ -16,11 +16,10 @@ mod http_gen;
 #[path = "../../tests/support/rng.rs"]
 mod rng;
 
-use std::io::{self, Read, Write};
-use std::net::Shutdown;
 use std::time::{Duration, Instant};
 
-use super::conn::{Conn, ReadError, Socket};
+use super::conn::tests::Mem;
+use super::conn::{Conn, ReadError};
 use http_gen::{case, Want, BODY_LIMIT};
 use rng::Rng;
 
@@ -28,39 +27,6 @@ const CAPACITIES: [usize; 8] = [1, 2, 3, 5, 8, 17, 64, 16 * 1024];
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// Bytes in memory, at most `cap` per read; what is written back is kept.
-struct Mem<'a> {
-    data: &'a [u8],
-    cap: usize,
-    sent: Vec<u8>,
-}
-
-impl Read for Mem<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = buf.len().min(self.cap).min(self.data.len());
-        buf[..n].copy_from_slice(&self.data[..n]);
-        self.data = &self.data[n..];
-        Ok(n)
-    }
-}
-
-impl Write for Mem<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.sent.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Socket for Mem<'_> {
-    fn set_read_timeout(&mut self, _: Duration) -> io::Result<()> {
-        Ok(())
-    }
-    fn shutdown(&self, _: Shutdown) {}
 }
 
 /// What the framing concluded for one request, in the generator's terms.
