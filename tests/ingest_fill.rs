@@ -13,7 +13,7 @@ use kv_indexer::{Event, StorageTier, StoredBlock, WorkerId};
 use support::fault_proxy::{FaultProxy, Faults};
 use support::harness::{assert_converges, assert_no_stale, settle, spec_for, test_config};
 use support::model_sink::ModelSink;
-use support::publisher::{PublisherConfig, TestEvent, TestPublisher};
+use support::publisher::{PublisherConfig, TestPublisher};
 use support::wait_until;
 
 fn start() -> (Ingest, Arc<ModelSink>) {
@@ -67,26 +67,12 @@ fn a_live_batch_during_the_fill_bounds_it() {
     assert_eq!((c.duplicates_dropped, c.replays_started, c.gaps_detected, c.held_batches), (0, 0, 0, 0));
 }
 
-/// Publishes `n` batches that only store, so every block ever stored is
-/// still held: any of them the sink lists after a restart is stale.
-fn stores_only(publisher: &mut TestPublisher, n: usize) -> Vec<u64> {
-    let mut hashes = Vec::new();
-    for _ in 0..n {
-        let store = publisher.new_store(StorageTier::Device, None, 2);
-        if let TestEvent::Stored { hashes: h, .. } = &store {
-            hashes.extend(h);
-        }
-        publisher.publish(vec![store]);
-    }
-    hashes
-}
-
 #[test]
 fn a_fill_cut_short_by_a_new_process_leaves_nothing_of_the_old_one() {
     let worker = WorkerId::new(64, 0);
     let (ingest, sink) = start();
     let mut publisher = TestPublisher::new(PublisherConfig { seed: 64, ..PublisherConfig::default() });
-    let old = stores_only(&mut publisher, 10);
+    let old = publisher.publish_stores_only(10);
     // The old process's answer is still in flight when the listener asks.
     publisher.hold_replay(Some(0));
     ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
@@ -99,7 +85,7 @@ fn a_fill_cut_short_by_a_new_process_leaves_nothing_of_the_old_one() {
     // The old process's answer arrives after all, then the new one publishes.
     publisher.hold_replay(None);
     publisher.lose_next(1);
-    stores_only(&mut publisher, 4);
+    publisher.publish_stores_only(4);
     settle(&ingest, worker, &publisher);
     assert_converges(&sink, worker, &publisher);
     assert!(old.iter().all(|&h| !sink.holds(worker, StorageTier::Device, h)), "a block of the old process came back");

@@ -15,19 +15,6 @@ use support::harness::{assert_converges, settle, spec_for, test_config, wait_con
 use support::model_sink::ModelSink;
 use support::publisher::{PublisherConfig, TestEvent, TestPublisher};
 
-/// Publishes `n` batches that only store; returns their hashes.
-fn stores_only(publisher: &mut TestPublisher, n: usize) -> Vec<u64> {
-    let mut hashes = Vec::new();
-    for _ in 0..n {
-        let store = publisher.new_store(StorageTier::Device, None, 2);
-        if let TestEvent::Stored { hashes: h, .. } = &store {
-            hashes.extend(h);
-        }
-        publisher.publish(vec![store]);
-    }
-    hashes
-}
-
 #[test]
 fn a_restarted_engine_idle_after_the_reconnect_holds_nothing_of_the_old_process() {
     let worker = WorkerId::new(70, 0);
@@ -36,7 +23,7 @@ fn a_restarted_engine_idle_after_the_reconnect_holds_nothing_of_the_old_process(
     let mut publisher = TestPublisher::new(PublisherConfig { seed: 70, ..PublisherConfig::default() });
     ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
     wait_connected(&mut publisher, 1, 1);
-    let old = stores_only(&mut publisher, 5);
+    let old = publisher.publish_stores_only(5);
     settle(&ingest, worker, &publisher);
     assert_converges(&sink, worker, &publisher);
 
@@ -47,7 +34,7 @@ fn a_restarted_engine_idle_after_the_reconnect_holds_nothing_of_the_old_process(
     publisher.restart(true);
     assert!(publisher.wait_subscribed(1), "the listener never reconnected");
     publisher.lose_next(3);
-    stores_only(&mut publisher, 3);
+    publisher.publish_stores_only(3);
 
     // The engine holds the 3 new batches' blocks and none of the old ones.
     assert_converges(&sink, worker, &publisher);
@@ -65,7 +52,7 @@ fn evictions_missed_while_disconnected_are_not_listed_once_reconnected() {
     let spec = spec_for(worker, &publisher, &sink);
     ingest.add_listener(kv_indexer::ingest::ListenerSpec { endpoint: proxy.endpoint.clone(), ..spec }).unwrap();
     assert!(proxy.wait_subscribed(1), "the listener never subscribed");
-    let hashes = stores_only(&mut publisher, 4);
+    let hashes = publisher.publish_stores_only(4);
     settle(&ingest, worker, &publisher);
     assert_converges(&sink, worker, &publisher);
 

@@ -360,6 +360,20 @@ impl TestPublisher {
         }
     }
 
+    /// Publishes `n` batches that only store (two fresh root blocks each),
+    /// so every block ever stored is still held; returns their hashes.
+    pub fn publish_stores_only(&mut self, n: usize) -> Vec<u64> {
+        let mut hashes = Vec::new();
+        for _ in 0..n {
+            let store = self.new_store(StorageTier::Device, None, 2);
+            if let TestEvent::Stored { hashes: h, .. } = &store {
+                hashes.extend(h);
+            }
+            self.publish(vec![store]);
+        }
+        hashes
+    }
+
     /// A store of `n` fresh blocks in `tier`, chained to `parent`.
     pub fn new_store(&mut self, tier: StorageTier, parent: Option<u64>, n: usize) -> TestEvent {
         let hashes = (0..n).map(|_| self.fresh_hash()).collect();
