@@ -177,12 +177,15 @@ struct Round {
     replaying: Vec<u64>,
     gone: Deadlines,
     ready: Vec<u64>,
+    /// Listeners whose watermark may have moved since the last `flush`.
+    touched: Vec<u64>,
 }
 
 impl Round {
     /// Arms `l`'s gone deadline and notes a replay it runs (both may have
     /// changed with what it just read or did).
     fn track(&mut self, l: &mut Listener) {
+        self.touched.push(l.id.0);
         self.gone.arm(l.id.0, &mut l.reach);
         if l.replay.is_some() && !self.replaying.contains(&l.id.0) {
             self.replaying.push(l.id.0);
@@ -205,13 +208,13 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
     while !t.shutdown.load(Ordering::Relaxed) {
         // What the last round made reaches the shards before any control
         // message is taken (a removed listener's batches come first).
-        flush(&t, &ls);
+        flush(&t, &ls, &mut r.touched);
         if std::mem::take(&mut bell_rang)
             && (!take_control(&t, &control, &poller, &mut ls, &mut r) || t.shutdown.load(Ordering::Relaxed))
         {
             return;
         }
-        flush(&t, &ls);
+        flush(&t, &ls, &mut r.touched);
         r.ready.clear();
         // A running replay bounds the wait, for its deadline and its replies.
         let timeout = match (r.hot.is_empty(), r.replaying.is_empty()) {
@@ -230,11 +233,12 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
         bell_rang = read_ready(&t, &mut ls, &mut r);
         r.replaying.retain(|id| {
             let Some(l) = ls.get_mut(id) else { return false };
+            r.touched.push(*id);
             l.check_replay_deadline(&t);
             r.gone.arm(*id, &mut l.reach);
             l.replay.is_some()
         });
-        clear_gone(&t, &mut ls, &mut r.gone);
+        clear_gone(&t, &mut ls, &mut r.gone, &mut r.touched);
     }
 }
 
@@ -302,10 +306,11 @@ fn read_ready(t: &ThreadCtx, ls: &mut Listeners, r: &mut Round) -> bool {
 
 /// Clears the workers of every listener whose deadline passed with its
 /// publisher still unreachable. Each round pops only due entries.
-fn clear_gone(t: &ThreadCtx, ls: &mut Listeners, gone: &mut Deadlines) {
+fn clear_gone(t: &ThreadCtx, ls: &mut Listeners, gone: &mut Deadlines, touched: &mut Vec<u64>) {
     let now = Instant::now();
     while let Some(id) = gone.pop_due(now) {
         let Some(l) = ls.get_mut(&id) else { continue };
+        touched.push(id);
         if gone.settle(id, &mut l.reach, now) == Due::Gone {
             l.engine_gone(t);
         }
@@ -316,9 +321,10 @@ fn clear_gone(t: &ThreadCtx, ls: &mut Listeners, gone: &mut Deadlines) {
 /// listener's watermark: a watermark the API can read never runs ahead of
 /// what reached its shard's queue (a snapshot reads the watermarks first,
 /// then drains the shards), including the clears of a restart or resync.
-fn flush(t: &ThreadCtx, ls: &Listeners) {
+fn flush(t: &ThreadCtx, ls: &Listeners, touched: &mut Vec<u64>) {
     t.outbox.borrow_mut().flush();
-    for l in ls.values() {
+    for id in touched.drain(..) {
+        let Some(l) = ls.get(&id) else { continue };
         let watermark = l.seq.watermark();
         if l.published.replace(watermark) != watermark {
             l.shared.set_watermark(watermark);
