@@ -433,6 +433,52 @@ mod tests {
     }
 
     #[test]
+    fn u32s_fast_reads_what_it_should_at_every_cut() {
+        // Items of every width the fast path takes, and others, cut at every length.
+        let mut rng = 0x9E37_79B9_7F4A_7C15_u64;
+        for _ in 0..300 {
+            // Each item's bytes, and its value if the fast path takes it.
+            let mut items: Vec<(Vec<u8>, Option<u32>)> = Vec::new();
+            for _ in 0..12 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let v = (rng >> 8) as u32;
+                items.push(match rng % 7 {
+                    0 => (vec![(v & 0x7f) as u8], Some(v & 0x7f)),
+                    1 => (vec![0xcc, v as u8], Some(v & 0xff)),
+                    2 => (vec![0xcd, (v >> 8) as u8, v as u8], Some(v & 0xffff)),
+                    3 | 4 => ([&[0xce][..], &v.to_be_bytes()].concat(), Some(v)),
+                    5 => (vec![0xcf, 0, 0, 0, 0, 0, 0, 0, 1], None),
+                    _ => (vec![0xd0, 0x80], None),
+                });
+            }
+            let bytes = items.iter().flat_map(|(b, _)| b.clone()).collect::<Vec<u8>>();
+            for cut in 0..=bytes.len() {
+                let part = &bytes[..cut];
+                // The whole items before the cut, up to the first the fast path leaves.
+                let (mut want, mut end) = (Vec::new(), 0);
+                for (b, v) in &items {
+                    match v {
+                        Some(v) if end + b.len() <= cut => want.push(*v),
+                        _ => break,
+                    }
+                    end += b.len();
+                }
+                for count in [want.len(), want.len() + 3, 1] {
+                    let mut r = Reader::new(part);
+                    let mut got = vec![7];
+                    let n = r.u32s_fast(count, &mut got);
+                    let k = count.min(want.len());
+                    assert_eq!((n, &got[1..]), (k, &want[..k]), "{part:x?} count {count}");
+                    let at: usize = items[..k].iter().map(|(b, _)| b.len()).sum();
+                    assert_eq!(r.pos(), at, "cursor after {k} values of {part:x?}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn skip_passes_over_nested_values_and_ext() {
         // [ {"a": [1, ext]}, "s" ] then 7
         let bytes = [0x92, 0x81, 0xa1, b'a', 0x92, 0x01, 0xd4, 0x01, 0xff, 0xa1, b's', 0x07];
