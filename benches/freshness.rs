@@ -32,10 +32,11 @@
 //! 2-8 ms, so probes do not fall into step with the stream. A probe not
 //! seen within `PROBE_TIMEOUT_MS` counts as a timeout.
 //!
-//! CPU per block is utime+stime of the server's whole process over the
-//! CPU windows (`/proc/PID/stat`, 10 ms ticks, exited threads included)
-//! divided by the blocks published in them; at load 0 the row gives the
-//! cores used while idle instead.
+//! CPU per block is the CPU time of the server's threads over the CPU
+//! windows (`/proc/PID/task/*/schedstat`, in nanoseconds; a window in which
+//! a thread exited falls back to the process's utime+stime, in 10 ms ticks,
+//! and the JSON counts such windows) divided by the blocks published in
+//! them; at load 0 the row gives the cores used while idle instead.
 //!
 //! Run: `cargo bench --bench freshness -- [--dynamo PATH/dynamo-indexer]
 //! [--vllm DIR] [--loads 0,20000,100000,300000] [--probes 300] [--slices 6]
@@ -294,6 +295,8 @@ struct Cell {
     latencies_ns: Vec<u64>,
     timeouts: usize,
     cpu: Duration,
+    /// CPU windows read in 10 ms ticks (a thread exited during them).
+    cpu_coarse: usize,
     cpu_wall: Duration,
     cpu_blocks: u64,
     stream_blocks: u64,
@@ -420,11 +423,21 @@ fn turn(
         let streamer = (load > 0.0).then(|| s.spawn(|| stream.run(load, &stop, &published)));
         let measured = (|| -> Result<(), String> {
             std::thread::sleep(Duration::from_secs_f64(o.warmup_secs));
-            let (t0, c0, b0) = (Instant::now(), server::cpu_time_of(pid), published.load(Ordering::Relaxed));
+            let cpu = || (thread_cpu_of(pid), server::cpu_time_of(pid));
+            let (t0, c0, b0) = (Instant::now(), cpu(), published.load(Ordering::Relaxed));
             std::thread::sleep(Duration::from_secs_f64(o.cpu_secs));
-            let (t1, c1, b1) = (Instant::now(), server::cpu_time_of(pid), published.load(Ordering::Relaxed));
-            let (Some(c0), Some(c1)) = (c0, c1) else { return Err("no CPU time for the server".into()) };
-            cell.cpu += c1.saturating_sub(c0);
+            let (t1, c1, b1) = (Instant::now(), cpu(), published.load(Ordering::Relaxed));
+            cell.cpu += match (c0, c1) {
+                ((Some(a), _), (Some(b), _)) if cpu_between(&a, &b).is_some() => {
+                    cpu_between(&a, &b).unwrap_or_default()
+                }
+                // A thread exited: the process's own count has it, in 10 ms ticks.
+                ((_, Some(a)), (_, Some(b))) => {
+                    cell.cpu_coarse += 1;
+                    b.saturating_sub(a)
+                }
+                _ => return Err("no CPU time for the server".into()),
+            };
             cell.cpu_wall += t1 - t0;
             cell.cpu_blocks += b1 - b0;
             for _ in 0..count {
@@ -467,6 +480,32 @@ fn pin_self(core: usize) {
             eprintln!("could not pin the bench to core {core}; running unpinned");
         }
     }
+}
+
+/// CPU time of each thread of `pid`, in nanoseconds (`/proc/<pid>/task/*/schedstat`).
+fn thread_cpu_of(pid: u32) -> Option<Vec<(u32, u64)>> {
+    let mut threads = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let entry = entry.ok()?;
+        let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        // A thread that exits meanwhile has no file: it is left out (see `cpu_between`).
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("schedstat")) else { continue };
+        threads.push((tid, stat.split_whitespace().next()?.parse().ok()?));
+    }
+    Some(threads)
+}
+
+/// CPU `pid` used between two `thread_cpu_of` readings, to the nanosecond;
+/// None if a thread exited in between (its share is unknown).
+fn cpu_between(before: &[(u32, u64)], after: &[(u32, u64)]) -> Option<Duration> {
+    let mut ns = 0;
+    for &(tid, start) in before {
+        let &(_, end) = after.iter().find(|t| t.0 == tid)?;
+        ns += end.saturating_sub(start);
+    }
+    // Threads started in between count whole.
+    ns += after.iter().filter(|t| !before.iter().any(|b| b.0 == t.0)).map(|t| t.1).sum::<u64>();
+    Some(Duration::from_nanos(ns))
 }
 
 fn run(o: Options) -> Result<(), String> {
@@ -520,7 +559,7 @@ fn run(o: Options) -> Result<(), String> {
                 "server": t.server.name, "load_block_ops_per_s": load, "achieved_block_ops_per_s": achieved,
                 "probes": lat.len(), "timeouts": cell.timeouts,
                 "p50_ms": p50, "p99_ms": p99, "max_ms": max,
-                "cpu_us_per_block": per_block, "core_use": core, "cpu_window_s": cell.cpu_wall.as_secs_f64(),
+                "cpu_us_per_block": per_block, "core_use": core, "cpu_window_s": cell.cpu_wall.as_secs_f64(), "cpu_windows_coarse": cell.cpu_coarse,
                 "latencies_us": lat.iter().map(|&ns| ns / 1_000).collect::<Vec<_>>(),
             }));
         }
