@@ -6,6 +6,7 @@
 mod support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kv_indexer::ingest::{Ingest, IngestConfig};
 use kv_indexer::{StorageTier, WorkerId};
@@ -289,4 +290,57 @@ fn a_replay_that_times_out_fails_resyncs_and_releases_the_held_batches() {
     assert!(wait_until(|| ingest.counters().replays_ok == 1));
     let info = listener_of(&ingest, worker).unwrap();
     assert_eq!(info.last_error, None);
+}
+
+#[test]
+fn a_replay_that_keeps_answering_outlives_its_timeout() {
+    let worker = WorkerId::new(11, 0);
+    let ingest = Ingest::start(IngestConfig { replay_timeout_ms: 300, ..test_config() }).unwrap();
+    let mut publisher = TestPublisher::new(PublisherConfig::default());
+    let sink = Arc::new(ModelSink::new());
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(publisher.wait_subscribed(1));
+    publisher.publish_random(5);
+    assert_converges(&sink, worker, &publisher);
+    // A slow engine: 12 lost batches come back 60 ms apart, the whole
+    // answer taking more than twice the timeout, no reply later than it.
+    publisher.pace_replay(Some(Duration::from_millis(60)));
+    publisher.lose_next(12);
+    publisher.publish_random(13);
+    settle(&ingest, worker, &publisher);
+    assert_converges(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert_eq!((c.replays_ok, c.replays_failed, c.batches_replayed), (1, 0, 12));
+    assert_eq!((c.batches_lost, c.resyncs), (0, 0));
+    assert_eq!(listener_of(&ingest, worker).unwrap().last_error, None);
+}
+
+#[test]
+fn a_replay_that_trickles_ends_at_its_longest_run() {
+    let worker = WorkerId::new(12, 0);
+    let ingest = Ingest::start(IngestConfig { replay_timeout_ms: 100, ..test_config() }).unwrap();
+    let mut publisher = TestPublisher::new(PublisherConfig::default());
+    let sink = Arc::new(ModelSink::new());
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(publisher.wait_subscribed(1));
+    publisher.publish_random(5);
+    assert_converges(&sink, worker, &publisher);
+    // 60 batches 40 ms apart: each reply within the timeout, the whole
+    // answer three times the longest run (8 timeouts).
+    publisher.pace_replay(Some(Duration::from_millis(40)));
+    publisher.lose_next(60);
+    publisher.publish_random(61);
+    assert!(wait_until(|| listener_of(&ingest, worker)
+        .and_then(|i| i.last_error)
+        .is_some_and(|e| e.contains("timed out"))));
+    settle(&ingest, worker, &publisher);
+    assert_no_stale(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert!(c.batches_replayed < 60, "the whole trickle was waited for: {} batches", c.batches_replayed);
+    assert_eq!(c.resyncs, 1);
+    // Nothing more is waited for: the engine's later batches apply.
+    publisher.pace_replay(None);
+    publisher.publish_random(3);
+    settle(&ingest, worker, &publisher);
+    assert_no_stale(&sink, worker, &publisher);
 }

@@ -18,6 +18,9 @@ pub const RECV_BURST_MAX: usize = 256;
 /// replay arrives with holes although the engine still buffers them. Each
 /// retry needs progress since the request before it.
 pub const REPLAY_RETRIES_MAX: u32 = 32;
+/// Longest run of one replay or ring fill, in replay timeouts: replies
+/// that keep coming stretch its deadline up to this.
+pub const REPLAY_SPAN_TIMEOUTS: u32 = 8;
 /// A replay whose replies stop for this long short of its range asks again.
 pub const REPLAY_IDLE_MS: u64 = 200;
 /// Most control messages (add/remove listener) queued per listener thread.
@@ -58,7 +61,8 @@ pub struct IngestConfig {
     /// Longest wait of a listener thread while one of its replays runs (for
     /// its deadline); otherwise it waits until a socket is ready.
     pub poll_timeout_ms: u64,
-    /// Deadline of one replay request, from send to end marker.
+    /// How long one replay or ring fill may go without a reply (and, times
+    /// `REPLAY_SPAN_TIMEOUTS`, its longest run).
     pub replay_timeout_ms: u64,
     /// Most replies taken from one replay (the engine's default buffer holds 10,000).
     pub replay_batches_max: usize,

@@ -963,10 +963,10 @@ impl Listener {
         let Some(run) = self.replay.as_ref() else {
             return;
         };
-        if Instant::now() >= run.deadline {
+        if let Some(why) = run.over_time(Instant::now()) {
             let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or_default();
             let what = if run.fill { "ring fill" } else { "replay" };
-            self.shared.set_error(format!("{what} from {endpoint} timed out after {} ms", t.cfg.replay_timeout_ms));
+            self.shared.set_error(format!("{what} from {endpoint} timed out: {why}"));
             self.finish_replay(t);
         } else if run.progressed() && run.last_reply.elapsed() >= Duration::from_millis(REPLAY_IDLE_MS) {
             // Replies flowed, then stopped short: the rest was dropped.
@@ -1046,7 +1046,7 @@ impl Listener {
             None => format!("{}..", run.from),
         };
         let lost = if missing > 0 { format!("; {missing} batches were no longer there") } else { String::new() };
-        let late = if Instant::now() >= run.deadline { "; timed out" } else { "" };
+        let late = if run.over_time(Instant::now()).is_some() { "; timed out" } else { "" };
         crate::info!(
             "listener {}: filled {got} from its ring {endpoint}, asked for {asked}{lost}{late}",
             self.shared.label

@@ -5,7 +5,10 @@
 //! everything the ring holds past the watermark and ends at the ring's end
 //! marker, or at the first live batch past the watermark if one comes first.
 //! The listener thread polls this socket with its SUB sockets, so a slow or
-//! dead replay endpoint costs nothing but its own deadline. An engine sends
+//! dead replay endpoint costs nothing but its own deadline: a request ends
+//! once no reply came for the timeout, and in any case at
+//! `REPLAY_SPAN_TIMEOUTS` timeouts, so a long ring that keeps answering is
+//! read whole and a trickling one cannot hold the stream. An engine sends
 //! its whole buffer at once from a ROUTER socket, which silently drops what
 //! overflows the pipe (1,000 messages by default): a long replay comes back
 //! with holes, or stops short, though the engine still holds the batches.
@@ -14,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::config::REPLAY_SPAN_TIMEOUTS;
 use super::sequencer::Watermark;
 use super::zmq_context::{ZmqContext, ZmqSocket};
 
@@ -31,7 +35,9 @@ pub(crate) struct ReplayRun {
     /// that very batch first (same seq and digest), or it is another
     /// process's ring (or one that rolled past it). None once it did.
     pub verify: Option<Watermark>,
-    pub deadline: Instant,
+    /// When the run started, and how long it may go without a reply.
+    started: Instant,
+    timeout: Duration,
     /// Replies received (bounded by `replay_batches_max`), every request together.
     pub replies: usize,
     /// Batches of `from..to` delivered and applied.
@@ -65,7 +71,8 @@ impl ReplayRun {
             from,
             to,
             verify: None,
-            deadline: Instant::now() + Duration::from_millis(timeout_ms),
+            started: Instant::now(),
+            timeout: Duration::from_millis(timeout_ms),
             replies: 0,
             applied: 0,
             applied_seqs: None,
@@ -74,6 +81,19 @@ impl ReplayRun {
             applied_at_request: 0,
             last_reply: Instant::now(),
         })
+    }
+
+    /// Why the run is over time at `now`, if it is: no reply for the
+    /// timeout, or the whole run past `REPLAY_SPAN_TIMEOUTS` timeouts.
+    pub(crate) fn over_time(&self, now: Instant) -> Option<String> {
+        let ms = self.timeout.as_millis();
+        if now >= self.last_reply + self.timeout {
+            Some(format!("no reply for {ms} ms"))
+        } else if now >= self.started + self.timeout * REPLAY_SPAN_TIMEOUTS {
+            Some(format!("still answering after {} ms", ms * u128::from(REPLAY_SPAN_TIMEOUTS)))
+        } else {
+            None
+        }
     }
 
     /// Whether the current request delivered any batch yet.
@@ -104,7 +124,7 @@ impl ReplayRun {
     }
 
     /// Asks again from `from` on a new socket: replies still in flight for
-    /// the old request go with the old socket. Range, deadline and counts stay.
+    /// the old request go with the old socket. Range, start and counts stay.
     pub(crate) fn retry(
         &mut self,
         ctx: &ZmqContext,

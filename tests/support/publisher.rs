@@ -117,6 +117,8 @@ struct Ring {
     /// (as the ring was then) and the end marker wait until released, as
     /// replies still in flight do (a slow engine, or a dying one).
     hold_after: Option<usize>,
+    /// A pause after each reply sent (a slow engine answering a long ring).
+    pace: Option<Duration>,
 }
 
 /// A test engine's publishing side.
@@ -280,6 +282,11 @@ impl TestPublisher {
     /// (`None`), which also sends what earlier requests still owe.
     pub fn hold_replay(&mut self, after: Option<usize>) {
         self.ring.lock().hold_after = after;
+    }
+
+    /// From now on replies go out one at a time, `pace` apart.
+    pub fn pace_replay(&mut self, pace: Option<Duration>) {
+        self.ring.lock().pace = pace;
     }
 
     /// Sends the message with `seq` again, same payload.
@@ -748,14 +755,14 @@ fn serve_replay(router: zmq::Socket, ring: Arc<Mutex<Ring>>, stop: Arc<AtomicBoo
             continue;
         };
         let start = u64::from_be_bytes(start);
-        let (batches, hold_after) = {
+        let (batches, hold_after, pace) = {
             let mut ring = ring.lock();
             ring.requests.push(start);
             if ring.mute {
                 continue;
             }
             let batches: Vec<(u64, Vec<u8>)> = ring.batches.iter().filter(|(seq, _)| *seq >= start).cloned().collect();
-            (batches, ring.hold_after)
+            (batches, ring.hold_after, ring.pace)
         };
         let reply = |seq: u64, payload: Vec<u8>| -> Vec<Vec<u8>> {
             match form {
@@ -771,6 +778,9 @@ fn serve_replay(router: zmq::Socket, ring: Arc<Mutex<Ring>>, stop: Arc<AtomicBoo
         held.extend(replies.split_off(now));
         for r in replies {
             let _ = router.send_multipart(r, 0);
+            if let Some(pace) = pace {
+                std::thread::sleep(pace);
+            }
         }
     }
 }
