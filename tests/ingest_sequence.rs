@@ -344,3 +344,43 @@ fn a_replay_that_trickles_ends_at_its_longest_run() {
     settle(&ingest, worker, &publisher);
     assert_no_stale(&sink, worker, &publisher);
 }
+
+#[test]
+fn a_replay_stops_once_the_live_batches_it_holds_overflow() {
+    let worker = WorkerId::new(13, 0);
+    let cfg = IngestConfig { replay_timeout_ms: 2_000, held_batches_max: 4, ..test_config() };
+    let ingest = Ingest::start(cfg).unwrap();
+    let mut publisher = TestPublisher::new(PublisherConfig::default());
+    let sink = Arc::new(ModelSink::new());
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(publisher.wait_subscribed(1));
+    publisher.publish_random(5);
+    assert_converges(&sink, worker, &publisher);
+    // A slow answer (60 batches, 40 ms apart) while the engine goes on
+    // publishing more than the listener may hold.
+    publisher.pace_replay(Some(Duration::from_millis(40)));
+    publisher.lose_next(60);
+    publisher.publish_random(61);
+    assert!(wait_until(|| ingest.counters().replays_started == 1));
+    publisher.publish_random(10);
+    let stopped = |e: &str| e.contains("overflowed");
+    assert!(wait_until(|| listener_of(&ingest, worker).and_then(|i| i.last_error).is_some_and(|e| stopped(&e))));
+    let c = ingest.counters();
+    assert!(c.batches_replayed < 60, "the whole answer was waited for: {} batches", c.batches_replayed);
+    assert!(c.held_dropped > 0 && c.resyncs == 1, "dropped {}, resyncs {}", c.held_dropped, c.resyncs);
+    // Once every batch sent has arrived, no replay runs and nothing is
+    // held, the dropped batches show as a gap at the next one, and are
+    // asked for.
+    publisher.pace_replay(None);
+    let idle = |c: &kv_indexer::ingest::IngestCounters| {
+        let sent = publisher.next_seq() - 60;
+        c.batches_received == sent
+            && c.held_batches == 0
+            && c.replays_started == c.replays_ok + c.replays_partial + c.replays_failed
+    };
+    assert!(wait_until(|| idle(&ingest.counters())));
+    publisher.publish_random(3);
+    settle(&ingest, worker, &publisher);
+    assert_no_stale(&sink, worker, &publisher);
+    assert!(ingest.counters().gaps_detected >= 2);
+}

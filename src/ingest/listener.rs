@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
 use rustc_hash::FxHashMap;
 
-use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS, REPLAY_RETRIES_MAX};
+use super::config::{
+    IngestConfig, DP_RANKS_PER_LISTENER_MAX, RECV_BURST_MAX, REPLAY_IDLE_MS, REPLAY_RETRIES_MAX, REPLAY_SPAN_TIMEOUTS,
+};
 use super::connection::Connection;
 use super::counters::Counters;
 use super::decode::{decode_live, decode_reply, Batch, Frames};
@@ -130,6 +132,11 @@ struct Listener {
     /// the held queue empties.
     held_dropping: bool,
     replay: Option<ReplayRun>,
+    /// When the first of the replays run back to back (a fill, then the gap
+    /// its bound shows, say) started: together they end at
+    /// `REPLAY_SPAN_TIMEOUTS` timeouts from here, so a slow ring holds the
+    /// live stream that long at most. None once the held queue empties.
+    replaying_since: Option<Instant>,
     /// A ring fill is due once the publisher is reachable and the ready
     /// gate open: set when the listener starts and when its stream was reset
     /// for want of its engine; dropped once a fill, a gap's replay or a live
@@ -369,6 +376,7 @@ fn handle_control(
                 ranks,
                 held,
                 held_dropping: false,
+                replaying_since: None,
                 replay,
                 fill_pending,
                 refill: false,
@@ -477,6 +485,7 @@ impl Listener {
                 self.fill_pending = false;
                 crate::debug!("asked {endpoint} for its ring from batch {from}");
                 run.verify = self.seq.watermark();
+                self.replaying_since.get_or_insert(run.started);
                 self.replay = Some(run);
             }
             Err(e) => {
@@ -635,6 +644,9 @@ impl Listener {
             // Dropping the newest keeps the held run contiguous; the loss
             // shows up as a gap once the listener catches up.
             t.bump(&t.counters.held_dropped, 1);
+            if let Some(run) = self.replay.as_mut() {
+                run.overflowed = true;
+            }
             if !std::mem::replace(&mut self.held_dropping, true) {
                 let (n, mib) = (self.held.len(), t.held_bytes.get() >> 20);
                 let why = if self.replay.is_some() { "a replay runs" } else { "startup recovery runs" };
@@ -664,6 +676,9 @@ impl Listener {
     fn pop_held(&mut self, t: &ThreadCtx) -> Option<Batch> {
         let Some(batch) = self.held.pop_front() else {
             self.held_dropping = false;
+            if self.replay.is_none() {
+                self.replaying_since = None;
+            }
             return None;
         };
         t.held_bytes.set(t.held_bytes.get() - batch.bytes());
@@ -767,6 +782,7 @@ impl Listener {
         match ReplayRun::start(&t.ctx, endpoint, false, (from, Some(to)), timeout_ms, batches_max) {
             Ok(run) => {
                 t.bump(&t.counters.replays_started, 1);
+                self.replaying_since.get_or_insert(run.started);
                 self.replay = Some(run);
                 crate::debug!("asked {endpoint} to replay batches {from}..{to}");
                 true
@@ -963,15 +979,27 @@ impl Listener {
         let Some(run) = self.replay.as_ref() else {
             return;
         };
-        if let Some(why) = run.over_time(Instant::now()) {
-            let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or_default();
-            let what = if run.fill { "ring fill" } else { "replay" };
-            self.shared.set_error(format!("{what} from {endpoint} timed out: {why}"));
-            self.finish_replay(t);
-        } else if run.progressed() && run.last_reply.elapsed() >= Duration::from_millis(REPLAY_IDLE_MS) {
-            // Replies flowed, then stopped short: the rest was dropped.
-            self.replay_ended(t);
-        }
+        let now = Instant::now();
+        let why = if run.ran_past(now, self.replaying_since) {
+            format!("timed out: still answering after {} ms", t.cfg.replay_timeout_ms * u64::from(REPLAY_SPAN_TIMEOUTS))
+        } else if run.overflowed {
+            // Waiting longer only makes the gap the dropped batches leave longer.
+            "stopped: the live batches held meanwhile overflowed".to_string()
+        } else if run.progressed() {
+            // Replies flowed; a pause ends them (the rest was dropped), however short the timeout.
+            if now - run.last_reply >= Duration::from_millis(REPLAY_IDLE_MS) {
+                self.replay_ended(t);
+            }
+            return;
+        } else if run.silent(now) {
+            format!("timed out: no reply for {} ms", t.cfg.replay_timeout_ms)
+        } else {
+            return;
+        };
+        let endpoint = self.spec.replay_endpoint.as_deref().unwrap_or_default();
+        let what = if run.fill { "ring fill" } else { "replay" };
+        self.shared.set_error(format!("{what} from {endpoint} {why}"));
+        self.finish_replay(t);
     }
 
     /// The replies stopped (end marker, a reply past the range, silence):
@@ -1046,7 +1074,8 @@ impl Listener {
             None => format!("{}..", run.from),
         };
         let lost = if missing > 0 { format!("; {missing} batches were no longer there") } else { String::new() };
-        let late = if run.over_time(Instant::now()).is_some() { "; timed out" } else { "" };
+        let now = Instant::now();
+        let late = if run.silent(now) || run.ran_past(now, self.replaying_since) { "; timed out" } else { "" };
         crate::info!(
             "listener {}: filled {got} from its ring {endpoint}, asked for {asked}{lost}{late}",
             self.shared.label

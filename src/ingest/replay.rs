@@ -7,8 +7,10 @@
 //! The listener thread polls this socket with its SUB sockets, so a slow or
 //! dead replay endpoint costs nothing but its own deadline: a request ends
 //! once no reply came for the timeout, and in any case at
-//! `REPLAY_SPAN_TIMEOUTS` timeouts, so a long ring that keeps answering is
-//! read whole and a trickling one cannot hold the stream. An engine sends
+//! `REPLAY_SPAN_TIMEOUTS` timeouts from the first of the runs made back to
+//! back while live batches wait (or once those overflow), so a long ring
+//! that keeps answering is read whole and a trickling one cannot hold the
+//! stream. An engine sends
 //! its whole buffer at once from a ROUTER socket, which silently drops what
 //! overflows the pipe (1,000 messages by default): a long replay comes back
 //! with holes, or stops short, though the engine still holds the batches.
@@ -36,7 +38,7 @@ pub(crate) struct ReplayRun {
     /// process's ring (or one that rolled past it). None once it did.
     pub verify: Option<Watermark>,
     /// When the run started, and how long it may go without a reply.
-    started: Instant,
+    pub started: Instant,
     timeout: Duration,
     /// Replies received (bounded by `replay_batches_max`), every request together.
     pub replies: usize,
@@ -52,6 +54,8 @@ pub(crate) struct ReplayRun {
     applied_at_request: u64,
     /// When the last reply arrived (or the current request was sent).
     pub last_reply: Instant,
+    /// Live batches were dropped while it ran (the held queue was full).
+    pub overflowed: bool,
 }
 
 impl ReplayRun {
@@ -80,20 +84,19 @@ impl ReplayRun {
             retries: 0,
             applied_at_request: 0,
             last_reply: Instant::now(),
+            overflowed: false,
         })
     }
 
-    /// Why the run is over time at `now`, if it is: no reply for the
-    /// timeout, or the whole run past `REPLAY_SPAN_TIMEOUTS` timeouts.
-    pub(crate) fn over_time(&self, now: Instant) -> Option<String> {
-        let ms = self.timeout.as_millis();
-        if now >= self.last_reply + self.timeout {
-            Some(format!("no reply for {ms} ms"))
-        } else if now >= self.started + self.timeout * REPLAY_SPAN_TIMEOUTS {
-            Some(format!("still answering after {} ms", ms * u128::from(REPLAY_SPAN_TIMEOUTS)))
-        } else {
-            None
-        }
+    /// No reply came for the timeout (since the request or the last reply).
+    pub(crate) fn silent(&self, now: Instant) -> bool {
+        now >= self.last_reply + self.timeout
+    }
+
+    /// The run, or the runs back to back it ends (from `since`), went past
+    /// `REPLAY_SPAN_TIMEOUTS` timeouts.
+    pub(crate) fn ran_past(&self, now: Instant, since: Option<Instant>) -> bool {
+        now >= since.map_or(self.started, |s| s.min(self.started)) + self.timeout * REPLAY_SPAN_TIMEOUTS
     }
 
     /// Whether the current request delivered any batch yet.

@@ -284,7 +284,8 @@ impl TestPublisher {
         self.ring.lock().hold_after = after;
     }
 
-    /// From now on replies go out one at a time, `pace` apart.
+    /// From now on replies go out one at a time, `pace` apart; a newer
+    /// request cuts an answer short.
     pub fn pace_replay(&mut self, pace: Option<Duration>) {
         self.ring.lock().pace = pace;
     }
@@ -778,8 +779,11 @@ fn serve_replay(router: zmq::Socket, ring: Arc<Mutex<Ring>>, stop: Arc<AtomicBoo
         held.extend(replies.split_off(now));
         for r in replies {
             let _ = router.send_multipart(r, 0);
-            if let Some(pace) = pace {
-                std::thread::sleep(pace);
+            // A paced answer is abandoned for a newer request, as one whose
+            // requester is gone costs a real engine nothing.
+            let Some(pace) = pace else { continue };
+            if router.poll(zmq::POLLIN, pace.as_millis() as i64).unwrap_or(0) > 0 {
+                break;
             }
         }
     }
