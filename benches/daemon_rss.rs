@@ -16,7 +16,8 @@
 //! before any block), per live pair and over the index's own bytes, and
 //! split into anonymous memory and mapped files (RssAnon, RssFile), and
 //! idle and once loaded by mapping (each file, the heap, other anonymous
-//! memory).
+//! memory). Each load stops halfway for a settled reading, so the second
+//! half gives the marginal figure: RSS added over index bytes added.
 //!
 //! Run: `cargo bench --bench daemon_rss -- [--engines 64] [--blocks 16384]
 //! [--prompt-blocks 256] [--settle-s 12] [--cycles 2] [--bin PATH] [--env NAME=VALUE]...
@@ -281,7 +282,17 @@ fn run(a: &Args) -> Result<(), String> {
         let started = Instant::now();
         let cpu_before = cpu_s(d.pid());
         let prompts = a.blocks.div_ceil(a.prompt_blocks);
+        // Half the prompts, a settled reading, then the rest: the second
+        // half's cost is the marginal one (connections and threads are
+        // already warm).
+        let mut half = None;
         for p in 0..prompts {
+            if p == prompts / 2 && p > 0 {
+                let half_pairs = (a.engines as usize * p * a.prompt_blocks) as f64;
+                wait_pairs(&d, half_pairs, started)?;
+                std::thread::sleep(Duration::from_secs_f64(a.settle_s));
+                half = Some(read(&d)?);
+            }
             let len = a.prompt_blocks.min(a.blocks - p * a.prompt_blocks);
             for e in &mut engines {
                 e.store_prompt(&prompt_tokens(cycle, e.instance_id, p, len))?;
@@ -300,6 +311,11 @@ fn run(a: &Args) -> Result<(), String> {
         let settled = read(&d)?;
         report(&format!("after load +{}s", a.settle_s), &settled, &idle, pairs, loaded.index_bytes);
         print_maps(d.pid());
+        // The second half's RSS over its index bytes.
+        let marginal = half.map_or(f64::NAN, |h| {
+            (settled.rss_bytes as f64 - h.rss_bytes as f64) / (settled.index_bytes - h.index_bytes)
+        });
+        println!("second half of the load: RSS added over index bytes added {marginal:.3}");
 
         let started = Instant::now();
         for e in &mut engines {
@@ -313,7 +329,7 @@ fn run(a: &Args) -> Result<(), String> {
         let cleared_settled = read(&d)?;
         report(&format!("after clear +{}s", a.settle_s), &cleared_settled, &idle, pairs, loaded.index_bytes);
         println!(
-            "result: cycle {cycle} rss_per_pair {:.1} index_per_pair {:.1} rss_over_index {:.3} rss_over_idle_over_index {:.3} rss_loaded_mib {:.1} anon_loaded_mib {:.1} files_loaded_mib {:.1} rss_cleared_mib {:.1} idle_mib {:.1} idle_anon_mib {:.1} load_cpu_s {load_cpu_s:.2}",
+            "result: cycle {cycle} rss_per_pair {:.1} index_per_pair {:.1} rss_over_index {:.3} rss_over_idle_over_index {:.3} marginal_rss_over_index {marginal:.3} rss_loaded_mib {:.1} anon_loaded_mib {:.1} files_loaded_mib {:.1} rss_cleared_mib {:.1} idle_mib {:.1} idle_anon_mib {:.1} load_cpu_s {load_cpu_s:.2}",
             settled.rss_bytes as f64 / pairs,
             loaded.index_bytes / pairs,
             settled.rss_bytes as f64 / loaded.index_bytes,
