@@ -261,16 +261,24 @@ fn a_replay_with_a_hole_is_partial_and_resyncs_at_the_hole() {
     assert_converges(&sink, worker, &publisher);
 }
 
-#[test]
-fn a_replay_that_times_out_fails_resyncs_and_releases_the_held_batches() {
-    let worker = WorkerId::new(10, 0);
-    let ingest = Ingest::start(IngestConfig { replay_timeout_ms: 200, ..test_config() }).unwrap();
+/// A listener with `cfg` on a fresh publisher whose first five batches
+/// it holds exactly.
+fn five_batches_in(cfg: IngestConfig, worker: WorkerId) -> (Ingest, TestPublisher, Arc<ModelSink>) {
+    let ingest = Ingest::start(cfg).unwrap();
     let mut publisher = TestPublisher::new(PublisherConfig::default());
     let sink = Arc::new(ModelSink::new());
     ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
     assert!(publisher.wait_subscribed(1));
     publisher.publish_random(5);
     assert_converges(&sink, worker, &publisher);
+    (ingest, publisher, sink)
+}
+
+#[test]
+fn a_replay_that_times_out_fails_resyncs_and_releases_the_held_batches() {
+    let worker = WorkerId::new(10, 0);
+    let (ingest, mut publisher, sink) =
+        five_batches_in(IngestConfig { replay_timeout_ms: 200, ..test_config() }, worker);
     publisher.mute_replay(true);
     publisher.lose_next(2);
     publisher.publish_random(6);
@@ -295,13 +303,8 @@ fn a_replay_that_times_out_fails_resyncs_and_releases_the_held_batches() {
 #[test]
 fn a_replay_that_keeps_answering_outlives_its_timeout() {
     let worker = WorkerId::new(11, 0);
-    let ingest = Ingest::start(IngestConfig { replay_timeout_ms: 300, ..test_config() }).unwrap();
-    let mut publisher = TestPublisher::new(PublisherConfig::default());
-    let sink = Arc::new(ModelSink::new());
-    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
-    assert!(publisher.wait_subscribed(1));
-    publisher.publish_random(5);
-    assert_converges(&sink, worker, &publisher);
+    let (ingest, mut publisher, sink) =
+        five_batches_in(IngestConfig { replay_timeout_ms: 300, ..test_config() }, worker);
     // A slow engine: 12 lost batches come back 60 ms apart, the whole
     // answer taking more than twice the timeout, no reply later than it.
     publisher.pace_replay(Some(Duration::from_millis(60)));
@@ -318,13 +321,8 @@ fn a_replay_that_keeps_answering_outlives_its_timeout() {
 #[test]
 fn a_replay_that_trickles_ends_at_its_longest_run() {
     let worker = WorkerId::new(12, 0);
-    let ingest = Ingest::start(IngestConfig { replay_timeout_ms: 100, ..test_config() }).unwrap();
-    let mut publisher = TestPublisher::new(PublisherConfig::default());
-    let sink = Arc::new(ModelSink::new());
-    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
-    assert!(publisher.wait_subscribed(1));
-    publisher.publish_random(5);
-    assert_converges(&sink, worker, &publisher);
+    let (ingest, mut publisher, sink) =
+        five_batches_in(IngestConfig { replay_timeout_ms: 100, ..test_config() }, worker);
     // 60 batches 40 ms apart: each reply within the timeout, the whole
     // answer three times the longest run (8 timeouts).
     publisher.pace_replay(Some(Duration::from_millis(40)));
@@ -348,14 +346,8 @@ fn a_replay_that_trickles_ends_at_its_longest_run() {
 #[test]
 fn a_replay_stops_once_the_live_batches_it_holds_overflow() {
     let worker = WorkerId::new(13, 0);
-    let cfg = IngestConfig { replay_timeout_ms: 2_000, held_batches_max: 4, ..test_config() };
-    let ingest = Ingest::start(cfg).unwrap();
-    let mut publisher = TestPublisher::new(PublisherConfig::default());
-    let sink = Arc::new(ModelSink::new());
-    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
-    assert!(publisher.wait_subscribed(1));
-    publisher.publish_random(5);
-    assert_converges(&sink, worker, &publisher);
+    let (ingest, mut publisher, sink) =
+        five_batches_in(IngestConfig { replay_timeout_ms: 2_000, held_batches_max: 4, ..test_config() }, worker);
     // A slow answer (60 batches, 40 ms apart) while the engine goes on
     // publishing more than the listener may hold.
     publisher.pace_replay(Some(Duration::from_millis(40)));
