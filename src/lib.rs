@@ -55,6 +55,8 @@ mod peers;
 pub mod predict;
 mod registry;
 mod snapshot;
+#[cfg(test)]
+mod test_rng;
 pub mod wire;
 mod workers_file;
 

@@ -405,21 +405,7 @@ fn a_block_moving_between_tiers_is_never_counted_twice() {
     }
 }
 
-/// Deterministic xorshift, so a failure replays from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use crate::test_rng::Rng;
 
 /// One step of a script: an event, or a worker leaving the index.
 #[derive(Clone, Debug)]

@@ -38,6 +38,18 @@ impl BodyError {
     }
 }
 
+/// What a parse came to, as tests name it: "ok" or the error's kind.
+#[cfg(test)]
+pub(crate) fn class<T>(r: Result<T, BodyError>) -> &'static str {
+    match r {
+        Ok(_) => "ok",
+        Err(BodyError::Malformed(_)) => "malformed",
+        Err(BodyError::Invalid(_)) => "invalid",
+        Err(BodyError::Unprocessable(_)) => "unprocessable",
+        Err(BodyError::TooLarge(_)) => "too large",
+    }
+}
+
 impl fmt::Display for BodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.message())

@@ -207,15 +207,7 @@ fn body_limit_is_checked_from_the_header() {
     assert_eq!(decode(&bytes), Err(SnapshotError::TooLarge { bytes: BODY_BYTES_MAX + 1 }));
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use crate::test_rng::Rng;
 
 #[test]
 fn random_bytes_never_panic() {

@@ -119,15 +119,7 @@ pub fn parse_peer(body: &[u8]) -> Result<String, BodyError> {
 mod tests {
     use super::*;
 
-    fn class<T>(r: Result<T, BodyError>) -> &'static str {
-        match r {
-            Ok(_) => "ok",
-            Err(BodyError::Malformed(_)) => "malformed",
-            Err(BodyError::Invalid(_)) => "invalid",
-            Err(BodyError::Unprocessable(_)) => "unprocessable",
-            Err(BodyError::TooLarge(_)) => "too large",
-        }
-    }
+    use crate::json::class;
 
     #[test]
     fn register_full_and_minimal() {

@@ -12,15 +12,7 @@ fn h(body: &str) -> Result<(QueryRequest<'_>, Vec<u64>), BodyError> {
     parse_query_by_hash(body.as_bytes(), &mut t).map(|r| (r, t))
 }
 
-fn class(r: Result<impl Sized, BodyError>) -> &'static str {
-    match r {
-        Ok(_) => "ok",
-        Err(BodyError::Malformed(_)) => "malformed",
-        Err(BodyError::Invalid(_)) => "invalid",
-        Err(BodyError::Unprocessable(_)) => "unprocessable",
-        Err(BodyError::TooLarge(_)) => "too large",
-    }
-}
+use crate::json::class;
 
 #[test]
 fn parses_a_full_query() {
