@@ -427,12 +427,11 @@ fn turn(
             let (t0, c0, b0) = (Instant::now(), cpu(), published.load(Ordering::Relaxed));
             std::thread::sleep(Duration::from_secs_f64(o.cpu_secs));
             let (t1, c1, b1) = (Instant::now(), cpu(), published.load(Ordering::Relaxed));
-            cell.cpu += match (c0, c1) {
-                ((Some(a), _), (Some(b), _)) if cpu_between(&a, &b).is_some() => {
-                    cpu_between(&a, &b).unwrap_or_default()
-                }
+            let precise = c0.0.zip(c1.0).and_then(|(a, b)| cpu_between(&a, &b));
+            cell.cpu += match (precise, c0.1, c1.1) {
+                (Some(cpu), _, _) => cpu,
                 // A thread exited: the process's own count has it, in 10 ms ticks.
-                ((_, Some(a)), (_, Some(b))) => {
+                (None, Some(a), Some(b)) => {
                     cell.cpu_coarse += 1;
                     b.saturating_sub(a)
                 }
