@@ -112,8 +112,8 @@ pub(crate) const FLAGS: &[Flag] = &[
     flag("--peers", "LIST", "", "peer indexer URLs to recover state from at startup",
         Kind::Text(|p, _, v| { p.cfg.peers = parse_peers(&v)?; Ok(()) })),
     flag("--replay-timeout-ms", "N", "2000",
-        "a gap replay or ring fill ends after this long without a reply, and at 8 times this in all \
-         (replays run back to back count as one)",
+        "a ring request (gap replay or ring fill) unanswered this long is asked again; while live batches \
+         wait behind it, it ends at 8 times this from when they began waiting",
         num(1, 600_000, |p, n| p.cfg.replay_timeout_ms = n)),
     flag("--ingest-coalesce-us", "N", "",
         "ignored (0..=100000 still accepted): listeners no longer wait between reads; an event is applied as \

@@ -31,6 +31,10 @@ pub const BLOCK_SIZE_MAX: u32 = 1 << 20;
 pub const CONTROL_TIMEOUT_MS: u64 = 5_000;
 /// Shards and blocked listeners check for shutdown this often.
 pub const SHUTDOWN_CHECK_MS: u64 = 50;
+/// Longest a connection attempt may take to complete its ZMQ handshake
+/// before the listener gives it up and tries again (an address that does
+/// not resolve, a host that drops the TCP handshake).
+pub const CONNECT_ATTEMPT_MS: u64 = 10_000;
 /// Least time between two log lines about one endpoint that cannot be reached.
 pub const CONNECT_LOG_INTERVAL_MS: u64 = 30_000;
 /// Longest `last_error` kept per listener, in bytes.
@@ -74,7 +78,9 @@ pub struct IngestConfig {
     pub held_bytes_max: usize,
     /// ZMQ receive high-water mark of each SUB socket, in messages.
     pub sub_rcvhwm_batches: i32,
-    /// ZMQ reconnect interval, first and largest (zmq backs off between them).
+    /// Wait before the next connection attempt after one failed or dropped,
+    /// first and largest: doubled after each attempt that did not connect,
+    /// plus up to as much again at random, so many listeners spread out.
     pub reconnect_ivl_ms: i32,
     pub reconnect_ivl_max_ms: i32,
     /// ZMTP heartbeat interval; a publisher silent for 3 intervals is dropped
@@ -132,7 +138,7 @@ impl IngestConfig {
 
     /// Rejects settings that would make a queue or loop unbounded or useless.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 9] = [
+        let checks: [(bool, &str); 10] = [
             (self.shard_queue_batches > 0, "shard_queue_batches must be at least 1"),
             (self.poll_timeout_ms > 0, "poll_timeout_ms must be at least 1"),
             (self.replay_timeout_ms > 0, "replay_timeout_ms must be at least 1"),
@@ -140,6 +146,10 @@ impl IngestConfig {
             (self.held_batches_max > 0, "held_batches_max must be at least 1"),
             (self.held_bytes_max > 0, "held_bytes_max must be at least 1"),
             (self.sub_rcvhwm_batches > 0, "sub_rcvhwm_batches must be at least 1"),
+            (
+                self.reconnect_ivl_ms > 0 && self.reconnect_ivl_max_ms >= 0,
+                "reconnect_ivl_ms must be at least 1 and reconnect_ivl_max_ms at least 0",
+            ),
             (self.engine_gone_ms <= ENGINE_GONE_S_MAX * 1_000, "engine_gone_ms must be at most a day"),
             (self.listener_threads <= 256 && self.shard_threads <= 256, "at most 256 listener and 256 shard threads"),
         ];

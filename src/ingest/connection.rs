@@ -1,11 +1,11 @@
-//! What a SUB socket's monitor says about its connection (TCP up, ZMQ
-//! handshake done or failed, lost, retrying), turned into the listener's
-//! status and `last_error`, and into the facts its listener needs: whether
-//! the publisher is reachable now (a handshake succeeded and the connection
-//! has not dropped since: ring fills and `engine_gone` go by it), and
-//! whether the socket connected again after an earlier connection (its
-//! sequencer's rules go by that). A dead host that sent no reset is a
-//! dropped connection too, once ZMTP heartbeats time out (`open_sub`).
+//! What a SUB socket's monitor says about its one connection attempt (TCP
+//! up, ZMQ handshake done or failed, connect failed, dropped), turned into
+//! the listener's status and `last_error`, and into the facts its listener
+//! needs: whether the publisher is reachable now (a handshake succeeded and
+//! the connection has not dropped since: ring fills and `engine_gone` go by
+//! it), and whether the attempt is over (the listener then opens the next
+//! one). A dead host that sent no reset is a dropped connection too, once
+//! ZMTP heartbeats time out (`subscriber.rs`).
 
 use std::time::Duration;
 
@@ -13,26 +13,27 @@ use super::config::{CONNECT_LOG_INTERVAL_MS, RECV_BURST_MAX};
 use super::log::LogLimiter;
 use super::status::ListenerShared;
 
-/// One SUB socket's connection as its monitor has told it.
+/// The listener's connection, across its sockets, as their monitors told it.
 pub(crate) struct Connection {
     /// Whether a ZMQ handshake ever succeeded (for clearer errors).
     ever_connected: bool,
     /// TCP connected, ZMQ handshake not done yet.
     handshaking: bool,
-    /// A handshake succeeded and the connection has not dropped since.
+    /// A handshake succeeded on the current socket and has not dropped since.
     up: bool,
     /// Connection failures: the first at once, then one line per
     /// `CONNECT_LOG_INTERVAL_MS` while the endpoint stays unreachable.
     log: LogLimiter,
 }
 
-/// What one read of the monitor found.
+/// What one read of a monitor found.
 #[derive(Default)]
 pub(crate) struct MonitorRead {
-    /// A handshake succeeded after an earlier connection.
-    pub reconnected: bool,
-    /// A handshake succeeded (the connection may have dropped again since).
+    /// The handshake succeeded.
     pub came_up: bool,
+    /// The attempt is over: the connection dropped, the connect failed, or
+    /// the handshake failed. `came_up` may be set too.
+    pub over: bool,
     /// The read stopped at the burst cap: events may be left.
     pub more: bool,
 }
@@ -52,7 +53,8 @@ impl Connection {
         self.up
     }
 
-    /// Reads the events queued on `monitor` (at most `RECV_BURST_MAX`).
+    /// Reads the events queued on `monitor` (at most `RECV_BURST_MAX`);
+    /// stops after the one that ends the attempt.
     pub(crate) fn read(&mut self, monitor: &zmq::Socket, endpoint: &str, shared: &ListenerShared) -> MonitorRead {
         let mut read = MonitorRead::default();
         for _ in 0..RECV_BURST_MAX {
@@ -65,13 +67,32 @@ impl Connection {
             let event = u16::from_ne_bytes([head[0], head[1]]);
             let value = u32::from_ne_bytes([head[2], head[3], head[4], head[5]]);
             read.came_up |= event == zmq::SocketEvent::HANDSHAKE_SUCCEEDED.to_raw();
-            read.reconnected |= self.on_event(event, value, endpoint, shared);
+            if self.on_event(event, value, endpoint, shared) {
+                read.over = true;
+                return read;
+            }
         }
         read.more = true;
         read
     }
 
-    /// Applies one monitor event; true if it is a reconnection.
+    /// The attempt ended without a handshake; the next is made in
+    /// `retry_ms`: says so where the operator looks.
+    pub(crate) fn retrying(&mut self, endpoint: &str, shared: &ListenerShared, retry_ms: u64) {
+        if shared.is_failed() {
+            // A failure's reason says more than "retrying": keep it.
+            return;
+        }
+        let error = if self.ever_connected {
+            format!("lost connection to {endpoint}; reconnecting, next try in {retry_ms} ms")
+        } else {
+            format!("cannot connect to {endpoint}; retrying in {retry_ms} ms (is the engine's KV event publisher up?)")
+        };
+        self.log.warn(|| format!("listener {}: {error}", shared.label));
+        shared.set_error(error);
+    }
+
+    /// Applies one monitor event; true if it ends the attempt.
     fn on_event(&mut self, event: u16, value: u32, endpoint: &str, shared: &ListenerShared) -> bool {
         use zmq::SocketEvent as E;
         if event == E::CONNECTED.to_raw() {
@@ -82,12 +103,10 @@ impl Connection {
         } else if event == E::HANDSHAKE_SUCCEEDED.to_raw() {
             self.handshaking = false;
             self.up = true;
+            self.ever_connected = true;
             // A later outage is news again: its first failure is logged at once.
             self.log.reset();
             shared.set_connected();
-            // The first connection is no reconnection: a new listener's
-            // sequencer already treats a kept watermark as crossed by one.
-            return std::mem::replace(&mut self.ever_connected, true);
         } else if event == E::DISCONNECTED.to_raw() {
             self.up = false;
             if std::mem::take(&mut self.handshaking) {
@@ -97,15 +116,11 @@ impl Connection {
             } else {
                 shared.set_disconnected(format!("lost connection to {endpoint}; reconnecting"));
             }
-        } else if event == E::CONNECT_RETRIED.to_raw() && !shared.is_failed() {
-            // A failure's reason says more than "retrying": keep it.
-            let error = if self.ever_connected {
-                format!("lost connection to {endpoint}; reconnecting, next try in {value} ms")
-            } else {
-                format!("cannot connect to {endpoint}; retrying in {value} ms (is the engine's KV event publisher up?)")
-            };
-            self.log.warn(|| format!("listener {}: {error}", shared.label));
-            shared.set_error(error);
+            return true;
+        } else if event == E::CLOSED.to_raw() {
+            // The connect failed (refused, timed out): the attempt is over.
+            self.handshaking = false;
+            return true;
         } else if event == E::HANDSHAKE_FAILED_PROTOCOL.to_raw()
             || event == E::HANDSHAKE_FAILED_NO_DETAIL.to_raw()
             || event == E::HANDSHAKE_FAILED_AUTH.to_raw()
@@ -117,5 +132,11 @@ impl Connection {
             ));
         }
         false
+    }
+
+    /// The attempt is over with no event to say so (the watchdog).
+    pub(crate) fn abandon(&mut self) {
+        self.handshaking = false;
+        self.up = false;
     }
 }

@@ -75,10 +75,17 @@ counters! {
     engine_gone_clears,
     /// Publisher restarts detected (the workers were cleared).
     restarts,
+    /// Batches of a new connection that nothing verified (no ring, or a
+    /// ring that never answered) taken for the same process because they
+    /// continued the watermark exactly.
+    unverified_continuations,
     /// Workers cleared after a gap that could not be replayed.
     resyncs,
     /// Live batches dropped because a listener's hold buffer was full.
     held_dropped,
+    /// Live batches dropped because they came on a connection to a process
+    /// found gone (the engine restarted, or was gone past `engine_gone_ms`).
+    dead_process_dropped,
     /// Batches dropped because they named more dp ranks than a listener may track.
     dp_rank_limit_dropped,
     /// Workers removed through their shard.

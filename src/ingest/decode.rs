@@ -22,6 +22,9 @@ pub(crate) struct Batch {
     /// xxh3-64 of the payload bytes: a ring's copy of the batch has the
     /// same, another process's batch of the same seq almost surely not.
     pub digest: u64,
+    /// The connection a live batch came on (the listener sets it; 0 for a
+    /// ring's reply, which the stream judges by what it asked).
+    pub conn: u32,
 }
 
 impl Batch {
@@ -101,8 +104,8 @@ pub(crate) fn decode_reply(frames: &Frames) -> Result<Option<Batch>, String> {
 fn decode_batch(seq: u64, payload: &[u8]) -> Batch {
     let digest = xxh3_64(payload);
     match wire::decode_payload(payload) {
-        Ok(d) => Batch { seq, ts: d.timestamp, dp_rank: d.dp_rank, events: Ok(d.events), digest },
-        Err(e) => Batch { seq, ts: f64::NAN, dp_rank: None, events: Err(e.to_string()), digest },
+        Ok(d) => Batch { seq, ts: d.timestamp, dp_rank: d.dp_rank, events: Ok(d.events), digest, conn: 0 },
+        Err(e) => Batch { seq, ts: f64::NAN, dp_rank: None, events: Err(e.to_string()), digest, conn: 0 },
     }
 }
 

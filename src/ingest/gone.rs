@@ -59,7 +59,8 @@ impl Reach {
 
     /// Whether this outage's deadline passed with the publisher still away
     /// (its workers were cleared, and it has not been reachable since).
-    pub(crate) fn gone(&self) -> bool {
+    #[cfg(test)]
+    fn gone(&self) -> bool {
         !self.up && self.gone_at.is_none()
     }
 

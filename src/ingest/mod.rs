@@ -21,81 +21,84 @@
 //!
 //! # Sequence rules
 //!
-//! Each listener key (instance, registered dp_rank) has a watermark `last`,
-//! the highest seq dealt with. A batch with seq `s`:
+//! Each listener key (instance, registered dp_rank) has a stream
+//! (`stream/`): a watermark `last`, the highest seq dealt with, and the
+//! connections known to reach the engine process whose batches it holds.
+//! A SUB socket carries one connection (`subscriber.rs`: ZMQ never
+//! reconnects it; the listener opens the next), so every batch carries the
+//! connection it came on. A batch with seq `s` on a proven connection:
 //!
 //! - `s == last + 1`: applied.
-//! - `s <= last`: a *restart* if `s == 0`, or the SUB socket reconnected
-//!   since `last` was accepted, or `s` is at least `restart_seq_drop_min`
-//!   (default 4096) below `last`; otherwise a stale *duplicate*, dropped
-//!   and counted. The reconnect rule is why this works: a publisher never
-//!   resends a delivered message on a new connection, so a step back on one
-//!   can only come from a new process, while duplicates on one connection
-//!   (replay overlap, a buggy publisher) stay close to the watermark.
+//! - `s <= last`: a *restart* if `s == 0` or `s` is at least
+//!   `restart_seq_drop_min` (default 4096) below `last` (a proxy between us
+//!   and the engine can hide its reconnects); otherwise a stale
+//!   *duplicate*, dropped and counted.
 //! - `s > last + 1`: a *gap* `last+1..s`. With a replay endpoint the
-//!   listener asks for it (DEALER `[b"", from]`), holds the worker's live
-//!   batches meanwhile, applies the replies in order, then the held batches.
-//!   Replies that skip seqs or stop short are asked for again from the
-//!   first missing one while each request makes progress (an engine's
-//!   ROUTER socket drops replies that overflow its pipe, so a long replay
-//!   arrives with holes). Without a replay endpoint, or for whatever the
-//!   replay cannot deliver, see resync.
-//!   But if the SUB socket reconnected since `last` was accepted, it is a
-//!   *rejoin*: a new process whose first batches went out before we
-//!   reconnected (ZMQ reconnects with a backoff) shows the same forward
-//!   jump as the old process after a lost connection, and its buffer would
-//!   answer a replay from `last+1` with its own batches. So the worker is
-//!   cleared (counted as a resync) and the batch starts a new stream,
-//!   replayed from 0. A reconnect whose first batch is `last + 1` is taken
-//!   as the same process by these rules; with a replay endpoint the ring
-//!   fill that every reconnect starts (below) tells the two apart first.
+//!   listener asks for it (DEALER `[b"", from]`), from the watermark itself
+//!   so the ring's batch there proves it is the same process, holds the
+//!   worker's live batches meanwhile, applies the replies in order, then
+//!   the held batches. Replies that skip seqs or stop short are asked for
+//!   again while each request makes progress (an engine's ROUTER socket
+//!   drops replies that overflow its pipe). A ring that starts past the
+//!   watermark has rolled past it, or is another process's: its copy of the
+//!   batch that showed the gap tells which; the part it still holds is
+//!   replayed and the rest given up (see resync). Without a replay
+//!   endpoint, or for whatever the replay cannot deliver, see resync.
+//!
+//! A batch of a connection not proven to reach the stream's process (a
+//! reconnect, or a watermark kept from an earlier registration or a
+//! snapshot) waits for the ring fill that every new connection starts
+//! (below), which proves the process the same or starts the stream over.
+//! Without a ring, or when the ring never answers, it is judged as a new
+//! process's: any step back is a restart, and a gap after a lost
+//! connection a *rejoin* (the worker is cleared and the batch starts a new
+//! stream, replayed from 0). Only a batch that continues the watermark
+//! exactly is taken for the same process, the one case nothing here can
+//! tell from a new process; it is counted
+//! (`kv_indexer_unverified_continuations_total`).
 //!
 //! A new listener has no watermark unless an earlier registration of the
 //! same key left one (watermarks survive remove/add) or a snapshot seeded
 //! one. Its first batch is applied if `s == 0`; otherwise batches `0..s`
 //! are replayed when it can. The watermark keeps beside `last` a digest of
-//! batch `last`'s payload (xxh3), saved in snapshots too.
+//! batch `last`'s payload (xxh3), saved in snapshots too; a ring is checked
+//! against the newest batch whose digest is known.
 //!
 //! # Ring fill
 //!
 //! An idle engine sends no batch that would show what a new listener
 //! missed, so a listener with a replay endpoint does not wait for one: on
-//! its first good connection (ZMQ handshake done, ready gate open), on
-//! every reconnect while it has a watermark, and whenever its stream was
-//! started over for want of its engine (see dead engines), it asks the
-//! ring for what it may lack: from 0 without a watermark, and from `last`
-//! itself with one (kept, seeded, or the live one before a reconnect; a
-//! gap's replay running at a reconnect is dropped for it). The ring's first
-//! answer must then be batch `last` with the digest we keep (any batch
-//! `last` when the digest is unknown: given up as lost, or read from a
-//! format 3 snapshot): it is dropped as a duplicate and the fill goes on
-//! past it, the stream confirmed. A ring that answers another batch `last`
-//! or nothing from there is another process's (a restart); one that starts
-//! past `last` rolled past the watermark, or is another process's too (a
-//! resync). Either way the workers are cleared, the watermark forgotten and
-//! the fill starts again from 0. A fill that times out before the ring's
-//! first answer leaves the stream to the live rules. Replies are
-//! judged like a replay's and the listener's live batches are held
-//! meanwhile (bounded as for a replay). The fill ends with the ring's end
-//! marker, or at the first live batch past the watermark: that batch bounds
-//! it (`to`), the live stream has it and everything after, and whatever of
-//! the fill's range is still missing then is left to the live rules (that
-//! batch shows a gap, asked for as any other). A ring that starts later than
-//! asked is a gap like a replay's: missed at join on a fresh stream, a
-//! resync from a watermark. A live batch in order, or a gap's replay, before
-//! the fill starts makes it moot.
+//! every new connection (the first, every reconnect, and after its stream
+//! was started over for want of its engine), once the ready gate is open,
+//! it asks the ring for what it may lack: from 0 without a watermark, and
+//! from `last` itself with one (a gap's replay running at a reconnect is
+//! dropped for it). The ring's first answer must then be batch `last` with
+//! the digest we keep: it is dropped as a duplicate, the fill goes on past
+//! it, and every connection up to the newest is proven. A ring that
+//! answers another batch `last` or nothing from there is another process's
+//! (a restart); one that starts past `last` rolled past the watermark, or
+//! is another process's too (a resync). Either way the workers are cleared,
+//! the watermark forgotten, held batches of older connections dropped, and
+//! the fill starts again from 0. A fill without a watermark binds the
+//! stream to the connection it was asked on when the ring first answers.
+//! A request nothing answers is asked again; the live batches held
+//! meanwhile wait at most `REPLAY_SPAN_TIMEOUTS` replay timeouts. The fill
+//! ends with the ring's end marker, or at the first live batch past the
+//! watermark: that batch bounds it (`to`), the live stream has it and
+//! everything after, and whatever of the fill's range is still missing then
+//! is left to the live rules (that batch shows a gap, asked for as any
+//! other). A ring that starts later than asked on a fresh stream is
+//! counted as missed at join.
 //!
 //! A publisher sends each batch live and keeps it in its ring, so the fill
 //! may apply batches the live stream has yet to deliver. The sequencer keeps
-//! the seqs a fill applied on this connection (`filled`) until the live
+//! the seqs a fill applied for this connection (`filled`) until the live
 //! stream has delivered or passed them: such a copy is a duplicate even at
-//! seq 0, which would otherwise be a restart. The connection dropping and
-//! coming back while a fill runs may mean another process: the listener
-//! then clears its workers (a resync) and fills again from 0.
+//! seq 0, which would otherwise be a restart.
 //!
 //! # Dead engines
 //!
-//! ZMQ reconnects on its own, so a dead engine looks like one that is
+//! A listener reconnects on its own, so a dead engine looks like one that is
 //! merely slow to come back, and its blocks would stay forever. A SUB
 //! socket sends ZMTP heartbeats (`heartbeat_ivl_ms`), so a host gone
 //! without a TCP reset drops the connection after three silent intervals.
@@ -106,41 +109,43 @@
 //! a ring fill and the live stream refill the workers, from 0 whatever
 //! process it is. The deadline runs during startup recovery too; since a
 //! peer's dump applied after such a clear may put the engine's blocks
-//! back, the clear is made again when the ready gate opens if the engine
-//! is still away.
+//! back, the clear is made again when the ready gate opens.
 //!
 //! # Restart
 //!
 //! A restarted engine's cache is empty. On a restart the listener sends a
 //! clear for every worker its stream has written to (through their shards,
-//! so it lands before the new stream's first batch), resets the converters
-//! and forgets the watermark; the batch then starts a new stream as above.
-//! No block of the old process survives.
+//! so it lands before the new stream's first batch) and forgets the
+//! watermark; the batch then starts a new stream as above. No block of the
+//! old process survives, and no batch held from one of its connections is
+//! applied after.
 //!
 //! # Resync
 //!
 //! A gap mid-stream that cannot be recovered (no replay endpoint, a replay
-//! that times out, replies starting later than asked or skipping seqs, an
-//! undecodable batch) may have hidden evictions, so keeping the worker's
-//! blocks could claim blocks the engine no longer has. The listener clears
-//! the worker instead (a *resync*, counted with the lost batches) and later
-//! events rebuild it. Stores whose parent was lost are dropped by the index,
-//! so after a resync the worker holds a subset of the engine's blocks, never
-//! a stale one. Batches missing at the *start* of a stream (a new listener
-//! joining late, or after a restart) need no clear: nothing the worker holds
-//! can have been touched by them; they are counted as missed at join.
+//! that times out, replies starting later than the ring still holds or
+//! skipping seqs, an undecodable batch) may have hidden evictions, so
+//! keeping the worker's blocks could claim blocks the engine no longer has.
+//! The listener clears the worker instead (a *resync*, counted with the
+//! lost batches) and later events rebuild it. Stores whose parent was lost
+//! are dropped by the index, so after a resync the worker holds a subset of
+//! the engine's blocks, never a stale one. Batches missing at the *start*
+//! of a stream (a new listener joining late, or after a restart) need no
+//! clear: nothing the worker holds can have been touched by them; they are
+//! counted as missed at join.
 //!
 //! # Lifecycle
 //!
-//! A listener is `pending` until the SUB socket's monitor reports a
-//! connection whose ZMQ handshake succeeded, then `active`; `paused` while
-//! the global ready gate is closed (startup recovery: batches are held,
-//! bounded, and applied in order when it opens); `failed` when the peer is
-//! no ZMQ publisher (handshake failed, or the connection dropped during it).
-//! ZMQ reconnects on its own with backoff; a disconnect puts the listener
-//! back to `pending` with `last_error` saying so (and past `engine_gone_ms`
-//! its workers are cleared, see dead engines). Endpoints ZMQ cannot parse
-//! are rejected by `add_listener`.
+//! A listener is `pending` until a connection's ZMQ handshake succeeds,
+//! then `active`; `paused` while the global ready gate is closed (startup
+//! recovery: batches are held, bounded, and applied in order when it
+//! opens); `failed` when the peer is no ZMQ publisher (handshake failed, or
+//! the connection dropped during it). A connection that fails or drops is
+//! followed by the next after `reconnect_ivl_ms` (doubled while attempts
+//! fail, up to `reconnect_ivl_max_ms`, with jitter), back to `pending` with
+//! `last_error` saying so (and past `engine_gone_ms` its workers are
+//! cleared, see dead engines). Endpoints ZMQ cannot parse are rejected by
+//! `add_listener`.
 
 mod config;
 mod connection;
@@ -159,6 +164,8 @@ mod service;
 mod shard;
 mod sink;
 mod status;
+mod stream;
+mod subscriber;
 mod zmq_context;
 
 pub use config::{

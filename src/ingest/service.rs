@@ -28,13 +28,12 @@ use super::sequencer::Watermark;
 use super::shard::{run_shard, shard_for, Shard, ShardMsg};
 use super::sink::EventSink;
 use super::status::{ListenerId, ListenerInfo, ListenerShared, ListenerSpec};
-use super::zmq_context::{ZmqContext, ZmqSocket};
+use super::stream::HeldAccount;
+use super::subscriber::{OpenError, Subscriber};
+use super::zmq_context::ZmqContext;
 use crate::endpoint::ADDRESS_BYTES_MAX;
 use crate::event::WorkerId;
 use crate::wire::SkipCounters;
-
-/// Longest ZMTP heartbeat TTL libzmq takes (sent in deciseconds, 16 bits).
-const HEARTBEAT_TTL_MS_MAX: i32 = 6_553_500;
 
 /// Most watermarks kept for removed listeners. Past it an arbitrary one is
 /// forgotten, which only means that key's next registration starts fresh.
@@ -214,8 +213,7 @@ impl Ingest {
                 ),
                 counters: counters.clone(),
                 frames: RefCell::default(),
-                held_gauge: held_gauge.clone(),
-                held_bytes: Default::default(),
+                held: HeldAccount { bytes: Default::default(), gauge: held_gauge.clone() },
                 gate_open: gate_open.clone(),
                 shutdown: shutdown.clone(),
             };
@@ -263,14 +261,20 @@ impl Ingest {
         // inproc monitor address that must stay unique.
         let id = ListenerId(reg.next_id);
         reg.next_id += 1;
-        let (sub, monitor) = self.open_sub(id, &spec.endpoint)?;
+        let monitor_base = format!("inproc://kv-indexer-ingest-{}-monitor-{}", self.uid, id.0);
+        let first = Subscriber::open(&self.ctx, &self.cfg, &monitor_base, 1, &spec.endpoint).map_err(|e| match e {
+            OpenError::Endpoint(e) => {
+                IngestError::BadEndpoint { endpoint: spec.endpoint.clone(), reason: e.to_string() }
+            }
+            OpenError::Resource(e) => res(e),
+        })?;
         let last_seq = reg.watermarks.get(&spec.worker).copied();
         let ranks_written = reg.seeded_ranks.get(&spec.worker).cloned().unwrap_or_default();
         let label = format!("instance {} dp_rank {} ({})", spec.worker.instance_id, spec.worker.dp_rank, spec.endpoint);
         let shared = Arc::new(ListenerShared::new(label, last_seq));
         let thread = (0..reg.thread_load.len()).min_by_key(|&i| reg.thread_load[i]).unwrap_or(0);
         let entry = ListenerEntry { spec: spec.clone(), shared: Arc::clone(&shared), thread };
-        let new = NewListener { id, spec, sub, monitor, shared, last_seq, ranks_written };
+        let new = NewListener { id, spec, first, monitor_base, shared, last_seq, ranks_written };
         self.listener_txs[thread]
             .send_timeout(Control::Add(Box::new(new)), Duration::from_millis(CONTROL_TIMEOUT_MS))
             .map_err(|_| IngestError::Timeout("adding a listener"))?;
@@ -444,45 +448,6 @@ impl Ingest {
         for handle in threads {
             let _ = handle.join();
         }
-    }
-
-    fn open_sub(&self, id: ListenerId, endpoint: &str) -> Result<(ZmqSocket, ZmqSocket), IngestError> {
-        let cfg = &self.cfg;
-        let sub = self.ctx.socket(zmq::SUB).map_err(res)?;
-        sub.set_linger(0).map_err(res)?;
-        sub.set_rcvhwm(cfg.sub_rcvhwm_batches).map_err(res)?;
-        sub.set_reconnect_ivl(cfg.reconnect_ivl_ms).map_err(res)?;
-        sub.set_reconnect_ivl_max(cfg.reconnect_ivl_max_ms).map_err(res)?;
-        if cfg.heartbeat_ivl_ms > 0 {
-            // Silence for three intervals after a ping drops the connection
-            // (a host gone without a reset; the monitor says DISCONNECTED),
-            // and the TTL in our pings tells the engine to drop ours as soon,
-            // so a vanished indexer does not keep a queue there either.
-            let timeout_ms = cfg.heartbeat_ivl_ms.saturating_mul(3);
-            sub.set_heartbeat_ivl(cfg.heartbeat_ivl_ms).map_err(res)?;
-            sub.set_heartbeat_timeout(timeout_ms).map_err(res)?;
-            sub.set_heartbeat_ttl(timeout_ms.min(HEARTBEAT_TTL_MS_MAX)).map_err(res)?;
-        }
-        sub.set_subscribe(b"").map_err(res)?;
-        let monitor_endpoint = format!("inproc://kv-indexer-ingest-{}-monitor-{}", self.uid, id.0);
-        let events = [
-            zmq::SocketEvent::CONNECTED,
-            zmq::SocketEvent::HANDSHAKE_SUCCEEDED,
-            zmq::SocketEvent::DISCONNECTED,
-            zmq::SocketEvent::CONNECT_RETRIED,
-            zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL,
-            zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL,
-            zmq::SocketEvent::HANDSHAKE_FAILED_AUTH,
-        ]
-        .iter()
-        .fold(0i32, |mask, e| mask | i32::from(e.to_raw()));
-        sub.monitor(&monitor_endpoint, events).map_err(res)?;
-        let monitor = self.ctx.socket(zmq::PAIR).map_err(res)?;
-        monitor.set_linger(0).map_err(res)?;
-        monitor.connect(&monitor_endpoint).map_err(res)?;
-        sub.connect(endpoint)
-            .map_err(|e| IngestError::BadEndpoint { endpoint: endpoint.to_string(), reason: e.to_string() })?;
-        Ok((sub, monitor))
     }
 
     /// Lets ZMQ parse `endpoint` without keeping a connection.

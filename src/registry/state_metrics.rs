@@ -70,7 +70,7 @@ fn render_indexes(p: &mut Prom, registry: &Registry, indexes: &[Arc<IndexHandle>
 /// The ingest pipeline's counters, skips, queue depths and held batches.
 fn render_ingest(p: &mut Prom, registry: &Registry) {
     let ic = registry.ingest().counters();
-    let counters: [(&str, &str, u64); 22] = [
+    let counters: [(&str, &str, u64); 24] = [
         ("batches_received", "Well-formed batches received.", ic.batches_received),
         ("batches_applied", "Batches applied (live and replayed).", ic.batches_applied),
         // Not `events_applied`: that family counts what the indexes applied, by type.
@@ -90,8 +90,14 @@ fn render_ingest(p: &mut Prom, registry: &Registry) {
         ("batches_filled", "Batches recovered by ring fills.", ic.batches_filled),
         ("engine_gone_clears", "Workers cleared after their engine stayed unreachable.", ic.engine_gone_clears),
         ("restarts", "Engine restarts detected (worker cleared).", ic.restarts),
+        (
+            "unverified_continuations",
+            "New connections taken for the same engine process, unverified.",
+            ic.unverified_continuations,
+        ),
         ("resyncs", "Workers cleared after an unreplayable gap.", ic.resyncs),
         ("held_dropped", "Batches dropped from a full hold buffer.", ic.held_dropped),
+        ("dead_process_dropped", "Batches of an engine process found gone, dropped.", ic.dead_process_dropped),
         ("dp_rank_limit_dropped", "Batches over the per-listener dp rank limit.", ic.dp_rank_limit_dropped),
         ("workers_removed", "Workers removed through their shard.", ic.workers_removed),
     ];

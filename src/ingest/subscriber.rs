@@ -1,0 +1,95 @@
+//! One connection attempt to a publisher: a SUB socket that ZMQ never
+//! reconnects (`ZMQ_RECONNECT_IVL` -1) and the PAIR socket reading its
+//! monitor. A socket thus carries at most one connection, so every batch
+//! read from it came from the process that answered that connection, and
+//! a batch read from the next socket came from whatever answered next.
+//! The listener opens the next socket itself (`listener.rs`), after a
+//! backoff, once this one's attempt failed or its connection dropped and
+//! what it had received was read.
+//!
+//! A socket with a connection in its past and data still queued keeps that
+//! data readable after its monitor says the connection dropped; a socket
+//! whose connect failed says so on its monitor (`CLOSED`), except when the
+//! address does not resolve, which it never reports: the listener gives
+//! up on an attempt that has not connected within `CONNECT_ATTEMPT_MS`.
+
+use super::config::{IngestConfig, CONNECT_ATTEMPT_MS};
+use super::zmq_context::{ZmqContext, ZmqSocket};
+
+/// Longest ZMTP heartbeat TTL libzmq takes (sent in deciseconds, 16 bits).
+const HEARTBEAT_TTL_MS_MAX: i32 = 6_553_500;
+
+/// One connection attempt's sockets.
+pub(crate) struct Subscriber {
+    pub sub: ZmqSocket,
+    /// PAIR socket receiving `sub`'s monitor events.
+    pub monitor: ZmqSocket,
+    /// The connection's number for this listener (1 for its first socket).
+    pub conn: u32,
+}
+
+/// Why a socket could not be opened: ZMQ refused the endpoint, or
+/// resources ran out.
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    Endpoint(zmq::Error),
+    Resource(zmq::Error),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Endpoint(e) => write!(f, "endpoint refused: {e}"),
+            OpenError::Resource(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl Subscriber {
+    /// Opens connection attempt `conn` to `endpoint`; `monitor_base` names
+    /// the listener (`inproc://...`), unique in the process.
+    pub(crate) fn open(
+        ctx: &ZmqContext,
+        cfg: &IngestConfig,
+        monitor_base: &str,
+        conn: u32,
+        endpoint: &str,
+    ) -> Result<Subscriber, OpenError> {
+        let res = OpenError::Resource;
+        let sub = ctx.socket(zmq::SUB).map_err(res)?;
+        sub.set_linger(0).map_err(res)?;
+        sub.set_rcvhwm(cfg.sub_rcvhwm_batches).map_err(res)?;
+        // One connection per socket: the listener reconnects with a new one.
+        sub.set_reconnect_ivl(-1).map_err(res)?;
+        sub.set_connect_timeout(CONNECT_ATTEMPT_MS as i32).map_err(res)?;
+        if cfg.heartbeat_ivl_ms > 0 {
+            // Silence for three intervals after a ping drops the connection
+            // (a host gone without a reset; the monitor says DISCONNECTED),
+            // and the TTL in our pings tells the engine to drop ours as soon,
+            // so a vanished indexer does not keep a queue there either.
+            let timeout_ms = cfg.heartbeat_ivl_ms.saturating_mul(3);
+            sub.set_heartbeat_ivl(cfg.heartbeat_ivl_ms).map_err(res)?;
+            sub.set_heartbeat_timeout(timeout_ms).map_err(res)?;
+            sub.set_heartbeat_ttl(timeout_ms.min(HEARTBEAT_TTL_MS_MAX)).map_err(res)?;
+        }
+        sub.set_subscribe(b"").map_err(res)?;
+        let monitor_endpoint = format!("{monitor_base}-{conn}");
+        let events = [
+            zmq::SocketEvent::CONNECTED,
+            zmq::SocketEvent::CLOSED,
+            zmq::SocketEvent::HANDSHAKE_SUCCEEDED,
+            zmq::SocketEvent::DISCONNECTED,
+            zmq::SocketEvent::HANDSHAKE_FAILED_NO_DETAIL,
+            zmq::SocketEvent::HANDSHAKE_FAILED_PROTOCOL,
+            zmq::SocketEvent::HANDSHAKE_FAILED_AUTH,
+        ]
+        .iter()
+        .fold(0i32, |mask, e| mask | i32::from(e.to_raw()));
+        sub.monitor(&monitor_endpoint, events).map_err(res)?;
+        let monitor = ctx.socket(zmq::PAIR).map_err(res)?;
+        monitor.set_linger(0).map_err(res)?;
+        monitor.connect(&monitor_endpoint).map_err(res)?;
+        sub.connect(endpoint).map_err(OpenError::Endpoint)?;
+        Ok(Subscriber { sub, monitor, conn })
+    }
+}
