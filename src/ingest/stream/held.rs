@@ -33,8 +33,10 @@ pub(crate) struct Held {
     pub dropping: bool,
     /// Since when live batches have waited behind a ring: set when a batch
     /// is held while the ring is asked, or the ring is asked while batches
-    /// are held; None once the queue empties. Batches held while the gate is
-    /// closed only start waiting when a ring is asked for them.
+    /// are held; None once the stream has caught up (`caught_up`: a batch
+    /// taken out to be judged may be held again as a gap's trigger, and has
+    /// waited all along). Batches held while the gate is closed only start
+    /// waiting when a ring is asked for them.
     pub waiting_since: Option<Instant>,
 }
 
@@ -86,16 +88,20 @@ impl Held {
     pub(crate) fn pop(&mut self, account: &HeldAccount) -> Option<Batch> {
         let Some(batch) = self.queue.pop_front() else {
             self.dropping = false;
-            self.waiting_since = None;
             return None;
         };
         account.bytes.set(account.bytes.get() - batch.bytes());
         account.gauge.fetch_sub(1, Ordering::Relaxed);
         if self.queue.is_empty() {
             self.dropping = false;
-            self.waiting_since = None;
         }
         Some(batch)
+    }
+
+    /// The stream judged everything held and asks nothing: no batch waits.
+    pub(crate) fn caught_up(&mut self) {
+        debug_assert!(self.queue.is_empty());
+        self.waiting_since = None;
     }
 
     /// Drops every batch `keep` refuses; how many went.

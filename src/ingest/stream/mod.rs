@@ -425,7 +425,7 @@ impl Stream {
                 // and an ask started on the way stops the drain.
                 Phase::Live => match self.held.pop(cx.held) {
                     Some(batch) => self.judge(cx, port, batch),
-                    None => return,
+                    None => return self.held.caught_up(),
                 },
                 _ => return,
             }

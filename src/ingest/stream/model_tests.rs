@@ -32,7 +32,7 @@ use crate::ingest::sequencer::Watermark;
 use crate::ingest::status::ListenerShared;
 use crate::wire::RawEvent;
 
-const RING_TIMEOUT_MS: u64 = 100;
+pub(super) const RING_TIMEOUT_MS: u64 = 100;
 const GONE_MS: u64 = 1_000;
 const HELD_MAX: usize = 6;
 /// A block: (process, seq of the batch that stored it).
@@ -291,6 +291,10 @@ impl Run {
         self.world.trace.push(format!("  {what}"));
     }
 
+    pub(super) fn counters(&self) -> crate::ingest::IngestCounters {
+        self.counters.snapshot()
+    }
+
     /// Feeds the stream one input. A mix it makes is excused only as the
     /// one case nothing can tell, which the stream counts as it makes it.
     fn input(&mut self, f: impl FnOnce(&mut Stream, &Cx, &mut dyn Port)) {
@@ -357,7 +361,7 @@ impl Run {
         self.input(|s, cx, p| s.live(cx, p, b));
     }
 
-    fn step(&mut self, step: Step) {
+    pub(super) fn step(&mut self, step: Step) {
         let pid = self.world.process.as_ref().map(|p| (p.pid, p.next_seq));
         self.world.trace.push(format!("{step:?} (process, next seq {pid:?}; conn {:?})", self.world.conn));
         let w = &mut self.world;
@@ -426,7 +430,7 @@ impl Run {
     }
 
     /// Time passes: the stream's deadlines, and the engine-gone one.
-    fn pass(&mut self, ms: u64) {
+    pub(super) fn pass(&mut self, ms: u64) {
         // Replies still on their way when a deadline passes: a slow ring,
         // which may be given up on.
         self.world.ring_lossy |= !self.world.replies.is_empty();
@@ -440,7 +444,7 @@ impl Run {
 
     /// Everything settles: the gate opens, the ring answers, the engine is
     /// back, publishes once more, and time runs past every deadline.
-    fn settle(&mut self) {
+    pub(super) fn settle(&mut self) {
         self.world.trace.push("settle".to_string());
         self.open_gate();
         self.world.muted = false;
@@ -500,7 +504,7 @@ impl World {
 
 impl Run {
     /// The end state against the engine's (see the module doc).
-    fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), String> {
         let w = &self.world;
         let c = self.counters.snapshot();
         if w.mixes != w.blind_mixes {
