@@ -378,3 +378,22 @@ fn a_replay_stops_once_the_live_batches_it_holds_overflow() {
     assert_no_stale(&sink, worker, &publisher);
     assert!(ingest.counters().gaps_detected >= 2);
 }
+
+#[test]
+fn a_fill_with_nothing_waiting_reads_a_long_ring_whole() {
+    // An idle engine with 40 batches in its ring, answering 30 ms apart:
+    // each reply well within the timeout, the whole answer 12 timeouts,
+    // past the 8 that live batches may wait. No live batch waits here, so
+    // nothing cuts the fill short.
+    let worker = WorkerId::new(13, 0);
+    let ingest = Ingest::start(IngestConfig { replay_timeout_ms: 100, ..test_config() }).unwrap();
+    let mut publisher = TestPublisher::new(PublisherConfig { seed: 13, ..PublisherConfig::default() });
+    let sink = Arc::new(ModelSink::new());
+    publisher.publish_random(40);
+    publisher.pace_replay(Some(Duration::from_millis(30)));
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert_converges(&sink, worker, &publisher);
+    assert!(wait_until(|| ingest.counters().batches_filled == 40), "{:?}", ingest.counters());
+    let c = ingest.counters();
+    assert_eq!((c.ring_fills, c.resyncs, c.batches_lost, c.batches_missed_at_join), (1, 0, 0, 0));
+}
