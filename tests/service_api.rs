@@ -357,3 +357,25 @@ fn bad_command_lines_exit_2_with_one_line() {
     let out = std::process::Command::new(bin).arg("--help").output().unwrap();
     assert!(out.status.success() && String::from_utf8(out.stdout).unwrap().contains("--peers"));
 }
+
+#[test]
+fn unregister_leaves_the_ranks_another_registration_owns() {
+    let d = Daemon::start(&[]);
+    // Engine A is registered as rank 0 but names rank 1 in its batches;
+    // engine B is registered as rank 1 itself.
+    let (mut a, mut b) = (publisher(11, Some(1)), publisher(12, None));
+    for (p, rank) in [(&a, 0), (&b, 1)] {
+        let body = json!({"instance_id": 6, "endpoint": p.endpoint, "replay_endpoint": p.replay_endpoint,
+                          "model_name": "m", "dp_rank": rank, "block_size": 4});
+        assert_eq!(d.post_json("/register", body).0, 201);
+    }
+    assert!(a.wait_subscribed(1) && b.wait_subscribed(1));
+    let (leaf_a, leaf_b) = (publish_chain(&mut a, 2), publish_chain(&mut b, 3));
+    let (from_a, from_b) = (a.chain_locals(leaf_a), b.chain_locals(leaf_b));
+    assert!(wait_until(|| score(&d, "m", "default", &from_a, 6, 1) == 8));
+    assert!(wait_until(|| score(&d, "m", "default", &from_b, 6, 1) == 12));
+    // Unregistering A's key leaves B's registration and its worker whole.
+    assert_eq!(d.post_json("/unregister", json!({"instance_id": 6, "model_name": "m", "dp_rank": 0})).0, 200);
+    assert_eq!(score(&d, "m", "default", &from_b, 6, 1), 12, "B's blocks went with A's registration");
+    assert_eq!(d.get_json("/workers").1[0]["endpoints"]["1"], json!(b.endpoint));
+}

@@ -597,6 +597,11 @@ impl Registry {
         });
         for rank in ranks {
             let w = WorkerId::new(instance_id, rank);
+            // A rank another registration owns stays with it, even if this
+            // listener's batches named it too.
+            if registered.contains_key(&w) {
+                continue;
+            }
             if !held.iter().any(|(x, y)| Arc::ptr_eq(x, &h) && *y == w) {
                 held.push((h.clone(), w));
             }
