@@ -348,3 +348,39 @@ fn an_engine_restarted_while_down_that_published_past_the_watermark_leaves_no_st
     assert!(stale.is_empty(), "{} blocks of the old process survived: {stale:?}", stale.len());
     assert!(exact, "the daemon never matched the new process");
 }
+
+#[test]
+fn a_workers_file_line_without_a_replay_endpoint_drops_the_one_the_snapshot_saved() {
+    let dir = TempDir::new("file-replay");
+    let dir_arg = dir.arg();
+    let file = dir.0.join("workers.jsonl");
+    let file_arg = file.to_str().unwrap().to_string();
+    let mut p = engine(31, None);
+    let endpoint = p.endpoint.clone();
+    let line = |replay: Option<&str>| {
+        let mut v = json!({"instance_id": 1, "endpoint": endpoint, "model_name": "m", "block_size": 4});
+        if let Some(r) = replay {
+            v["replay_endpoint"] = json!(r);
+        }
+        format!("{v}\n")
+    };
+    std::fs::write(&file, line(p.replay_endpoint.as_deref())).unwrap();
+    let mut with_file = args(None, &dir_arg);
+    with_file.extend(["--workers-file", &file_arg]);
+    let mut a = Daemon::start(&with_file);
+    assert!(p.wait_subscribed(1));
+    history(&mut p, 5);
+    assert!(converges(&a, KEY, 1, 0, &p));
+    stop(&mut a);
+    // The engine's replay port now belongs to nobody the file names: the
+    // operator drops it from the line.
+    std::fs::write(&file, line(None)).unwrap();
+    let asked = p.replay_requests().len();
+    let b = Daemon::start(&with_file);
+    assert!(p.wait_subscribed(2));
+    history(&mut p, 3);
+    assert!(converges(&b, KEY, 1, 0, &p));
+    let (_, workers) = b.get_json("/workers");
+    assert_eq!(workers[0]["listeners"]["0"]["replay_endpoint"], Value::Null, "{workers}");
+    assert_eq!(p.replay_requests().len(), asked, "the ring the file no longer names was asked");
+}

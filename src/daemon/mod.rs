@@ -155,12 +155,12 @@ fn register_workers(
         Some(f) => read_workers_file(f, &cfg.workers)?,
         None => Vec::new(),
     };
-    let mut workers = cfg.workers.clone();
+    let workers = cfg.workers.clone();
     match saved {
         Some(s) => {
             // The file's entries merge with the snapshot as the command line's do.
-            workers.extend(file_entries.iter().map(|e| e.args.clone()));
-            snapshot::restore(registry, snapshot::plan(s, workers))?;
+            let file = file_entries.iter().map(|e| e.args.clone()).collect();
+            snapshot::restore(registry, snapshot::plan(s, workers, file))?;
             for e in &file_entries {
                 registry.adopt_from_file(&e.args);
             }

@@ -205,6 +205,9 @@ struct WorkerView {
 #[derive(Serialize)]
 struct ListenerView {
     endpoint: String,
+    /// The engine's ring it asks (ours).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replay_endpoint: Option<String>,
     status: ListenerStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     last_error: Option<String>,
@@ -286,6 +289,7 @@ impl Api {
             let last_error = info.and_then(|i| i.last_error.clone());
             let listener = ListenerView {
                 endpoint: r.endpoint.clone(),
+                replay_endpoint: r.replay_endpoint.clone(),
                 status,
                 last_error,
                 connected: info.is_some_and(|i| i.connected),

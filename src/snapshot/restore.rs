@@ -12,9 +12,10 @@
 //!   another block size is dropped whole, with its registrations.
 //! - A registration for a key (instance, dp rank) the command line also
 //!   lists keeps the command line's endpoint. If the endpoints are equal
-//!   the snapshot's replay endpoint and watermark are kept; if not, the
-//!   worker is treated as a new engine: its snapshot blocks are dropped and
-//!   its stream starts fresh.
+//!   the watermark is kept, and so is the snapshot's replay endpoint for a
+//!   `--workers` entry, which cannot name one (a workers-file line states
+//!   its own: without one it has none); if not, the worker is treated as a
+//!   new engine: its snapshot blocks are dropped and its stream starts fresh.
 //! - A registration whose instance the command line puts under another
 //!   (model, tenant) is dropped with that instance's blocks in its old index.
 //! - Every other registration is restored as it was, watermark included.
@@ -42,6 +43,9 @@ pub struct Plan {
     pub watermarks: Vec<(WorkerId, Watermark, Vec<u32>)>,
     /// The command line's workers, merged with their snapshot entries.
     pub command_line: Vec<RegisterArgs>,
+    /// Keys among them whose entry states its replay endpoint (the workers
+    /// file's), which the snapshot's does not fill in.
+    stated: FxHashSet<WorkerId>,
     /// The snapshot's other registrations.
     pub saved: Vec<RegisterArgs>,
     /// One line per merge decision worth telling the operator.
@@ -60,10 +64,13 @@ pub struct Restored {
     pub watermarks: usize,
 }
 
-/// Decides what of `snapshot` to keep given the command line's workers.
-pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>) -> Plan {
+/// Decides what of `snapshot` to keep given the command line's workers:
+/// `--workers` entries, then workers-file entries (`file`).
+pub fn plan(snapshot: Snapshot, command_line: Vec<RegisterArgs>, file: Vec<RegisterArgs>) -> Plan {
+    let stated = file.iter().map(RegisterArgs::worker).collect();
     let mut p = Plan {
-        command_line,
+        command_line: command_line.into_iter().chain(file).collect(),
+        stated,
         created_unix_ms: snapshot.created_unix_ms,
         daemon_version: snapshot.daemon_version,
         ..Plan::default()
@@ -156,7 +163,7 @@ fn merge_registrations<'a>(
         }
         match p.command_line.iter_mut().find(|c| c.instance_id == w.instance_id && c.dp_rank == w.dp_rank) {
             Some(c) if c.endpoint == r.endpoint => {
-                if c.replay_endpoint.is_none() {
+                if c.replay_endpoint.is_none() && !p.stated.contains(&w) {
                     c.replay_endpoint = r.replay_endpoint.clone();
                 }
                 m.seeded.push(saved);
@@ -314,7 +321,7 @@ mod tests {
 
     #[test]
     fn without_a_command_line_everything_is_restored() {
-        let p = plan(snapshot(), vec![]);
+        let p = plan(snapshot(), vec![], vec![]);
         assert_eq!(p.saved.len(), 5);
         assert!(p.notes.is_empty());
         assert_eq!(workers(&p, "m").len(), 5);
@@ -326,6 +333,15 @@ mod tests {
     }
 
     #[test]
+    fn a_workers_file_entry_states_its_own_replay_endpoint() {
+        // The same key and endpoint from the workers file, without a
+        // replay endpoint: it has none, whatever the snapshot saved.
+        let p = plan(snapshot(), vec![], vec![cli(1, 0, "tcp://a:1", "m", 4)]);
+        assert_eq!(p.command_line[0].replay_endpoint, None);
+        assert!(p.watermarks.iter().any(|(w, s, _)| w.instance_id == 1 && s.seq == 10), "its watermark is kept");
+    }
+
+    #[test]
     fn command_line_wins_on_the_same_key() {
         let p = plan(
             snapshot(),
@@ -333,6 +349,7 @@ mod tests {
                 cli(1, 0, "tcp://a:1", "m", 4),     // same endpoint: replay endpoint and watermark kept
                 cli(2, 0, "tcp://moved:1", "m", 4), // new endpoint: a new engine
             ],
+            vec![],
         );
         assert_eq!(p.command_line[0].replay_endpoint.as_deref(), Some("tcp://a:19"));
         assert_eq!(p.command_line[1].endpoint, "tcp://moved:1");
@@ -346,7 +363,7 @@ mod tests {
 
     #[test]
     fn a_block_size_change_drops_the_index_and_a_moved_instance_its_blocks() {
-        let p = plan(snapshot(), vec![cli(4, 1, "tcp://x:1", "other", 16)]);
+        let p = plan(snapshot(), vec![cli(4, 1, "tcp://x:1", "other", 16)], vec![]);
         assert!(p.indexes.iter().all(|ix| ix.model_name != "other"), "block size 8 vs 16: dropped");
         assert!(p.saved.iter().all(|a| a.model_name != "other"));
         // Instance 4 moved to "other": its registration and blocks under "m" go.
@@ -358,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_new_endpoint_drops_the_extra_ranks_of_its_stream() {
-        let p = plan(snapshot(), vec![cli(1, 0, "tcp://new:1", "m", 4)]);
+        let p = plan(snapshot(), vec![cli(1, 0, "tcp://new:1", "m", 4)], vec![]);
         let ws = workers(&p, "m");
         assert!(!ws.contains(&WorkerId::new(1, 0)) && !ws.contains(&WorkerId::new(1, 7)));
     }
