@@ -6,8 +6,14 @@
 //! and the Mooncake RFC use, so hashes computed by a router and by this
 //! daemon agree. What identifies a whole prefix is the index's own chain
 //! of local hashes (`index::chain`).
+//!
+//! A multimodal item (an image, a clip) enters a request's tokens, not a
+//! side channel: a router writes every token position the item's embedding
+//! fills as [`mm_pad_token`] of the item's identifier (Dynamo's convention,
+//! SGLang's pad value), and hashes blocks as usual. An engine event that
+//! marks those positions is rewritten the same way (`wire::multimodal`).
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Seed of every local hash when no LoRA or salt is given.
 pub const BASE_SEED: u64 = 1337;
@@ -46,6 +52,32 @@ pub fn local_hash(tokens: &[u32], seed: u64) -> u64 {
 pub fn local_hashes_into(tokens: &[u32], block_size: usize, seed: u64, out: &mut Vec<u64>) {
     assert!(block_size > 0, "block_size must be at least 1");
     out.extend(tokens.chunks_exact(block_size).map(|b| local_hash(b, seed)));
+}
+
+/// Smallest multimodal pad token; real vocabularies end below it.
+pub const MM_PAD_BASE: u32 = 1_000_000;
+/// Bits of an item's hash a pad token keeps.
+const MM_PAD_HASH_MASK: u64 = (1 << 30) - 1;
+
+/// The 64-bit hash of a multimodal item's identifier, as Dynamo's router
+/// computes it: a 64-digit hex digest gives its first 16 digits, any other
+/// non-empty string its XXH3-64 (seed 0); empty is None.
+pub fn mm_identifier_hash(identifier: &str) -> Option<u64> {
+    if identifier.is_empty() {
+        return None;
+    }
+    let bytes = identifier.as_bytes();
+    if bytes.len() == 64 && bytes.iter().all(u8::is_ascii_hexdigit) {
+        return u64::from_str_radix(&identifier[..16], 16).ok();
+    }
+    Some(xxh3_64(bytes))
+}
+
+/// The token a router writes at every embedding position of the item whose
+/// identifier hashes to `item_hash`: `MM_PAD_BASE` plus its low 30 bits.
+pub fn mm_pad_token(item_hash: u64) -> u32 {
+    // At most 1_000_000 + 2^30 - 1, below u32::MAX.
+    MM_PAD_BASE + (item_hash & MM_PAD_HASH_MASK) as u32
 }
 
 /// A block hash as JSON bodies and dumps carry it: any integer in
@@ -107,6 +139,20 @@ mod tests {
         assert_eq!(seed_for(Some(""), Some("")), BASE_SEED);
         assert_eq!(locals(&[1, 2, 3, 4, 5, 6, 7], 4, BASE_SEED).len(), 1);
         assert!(locals(&[1, 2, 3], 4, BASE_SEED).is_empty());
+    }
+
+    #[test]
+    fn mm_identifiers_and_pad_tokens() {
+        let digest = format!("0123456789abcdef{}", "f".repeat(48));
+        assert_eq!(mm_identifier_hash(&digest), Some(0x0123_4567_89ab_cdef));
+        assert_eq!(mm_identifier_hash(&digest.to_uppercase()), Some(0x0123_4567_89ab_cdef));
+        // Not 64 hex digits: hashed as text.
+        assert_eq!(mm_identifier_hash("image-0"), Some(xxh3_64(b"image-0")));
+        assert_eq!(mm_identifier_hash(&digest[..63]), Some(xxh3_64(&digest.as_bytes()[..63])));
+        assert_eq!(mm_identifier_hash(""), None);
+        assert_eq!(mm_pad_token(0), 1_000_000);
+        assert_eq!(mm_pad_token(u64::MAX), 1_000_000 + (1 << 30) - 1);
+        assert_eq!(mm_pad_token(0x0123_4567_89ab_cdef), 1_000_000 + 0x09ab_cdef);
     }
 
     #[test]

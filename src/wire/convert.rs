@@ -28,6 +28,12 @@
 //! that the index holds (the caller's `retain_held` says which): keeping
 //! one that the engine dropped would claim a block the worker does not hold.
 //!
+//! **Multimodal blocks.** vLLM's marked `extra_keys` hashes are appended
+//! to a block's tokens before hashing; TensorRT-LLM's digest tokens and
+//! `mm_keys` are turned into the tokens a router hashes
+//! ([`super::multimodal`]), and a block that cannot be rebuilt is stored
+//! under a hash no query meets (counted).
+//!
 //! **Cache groups.** Stores carrying `kv_cache_spec_kind` teach which group
 //! index is which kind; non-main kinds (sliding window, mamba, ...) are
 //! skipped. One main group is indexed per worker: the first one a store
@@ -43,6 +49,7 @@ use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::medium::tier_for_medium;
+use super::multimodal::{unmatchable_hash, MmResolver, Routing};
 use super::raw::{RawEvent, RawRemoved, RawStored};
 use super::skip::{SkipCounters, SkipReason};
 use crate::event::{Event, StorageTier, StoredBlock, WorkerId};
@@ -96,6 +103,7 @@ pub struct WorkerConverter {
     salts: FxHashMap<u64, SaltEntry>,
     group_is_main: [Option<bool>; GROUPS_TRACKED_MAX],
     indexed_group: Option<u32>,
+    mm: MmResolver,
     sort_scratch: Vec<u64>,
     bytes_scratch: Vec<u8>,
     pieces_scratch: Vec<u64>,
@@ -111,6 +119,7 @@ impl WorkerConverter {
             salts: FxHashMap::default(),
             group_is_main: [None; GROUPS_TRACKED_MAX],
             indexed_group: None,
+            mm: MmResolver::default(),
             sort_scratch: Vec::new(),
             bytes_scratch: Vec::new(),
             pieces_scratch: Vec::new(),
@@ -147,6 +156,7 @@ impl WorkerConverter {
                     Ok(())
                 }
                 RawEvent::Unknown => Err(SkipReason::UnknownEventType),
+                RawEvent::MalformedStore => Err(SkipReason::MalformedStore),
             };
             if let Err(reason) = result {
                 skips.add(reason);
@@ -203,14 +213,34 @@ impl WorkerConverter {
         }
 
         let seed = hash::seed_for(s.lora_name.as_deref(), salt.as_deref());
+        let routing = self.mm.resolve(s, engine_block);
         let index_block = self.block_size as usize;
         let mut blocks = Vec::with_capacity(usable * split as usize);
+        let mut unmatchable = false;
         for (i, &engine_hash) in s.block_hashes[..usable].iter().enumerate() {
-            let tokens = &s.token_ids[i * engine_block..(i + 1) * engine_block];
+            let range = i * engine_block..(i + 1) * engine_block;
+            let mut tokens = &s.token_ids[range.clone()];
+            let mut strings = Vec::new();
+            let mut unresolved = false;
+            match routing.as_ref().map(|r| &r[i]) {
+                Some(Routing::Tokens(rewritten)) => tokens = rewritten,
+                Some(Routing::Unresolved) => {
+                    (unresolved, unmatchable) = (true, true);
+                    let inside = |p: &&(u32, String)| range.contains(&(p.0 as usize));
+                    let all = s.multimodal.iter().flat_map(|m| &m.string_tokens);
+                    strings.extend(all.filter(inside).map(|(_, t)| t.as_str()));
+                }
+                Some(Routing::Text) | None => {}
+            }
             let mm = s.block_mm_hashes.get(i).map_or(&[][..], Vec::as_slice);
             for (j, sub) in tokens.chunks_exact(index_block).enumerate() {
-                let local_hash =
-                    if mm.is_empty() { hash::local_hash(sub, seed) } else { self.local_hash_with_mm(sub, mm, seed) };
+                let local_hash = if unresolved {
+                    unmatchable_hash(sub, &strings, j as u32, seed, &mut self.bytes_scratch)
+                } else if mm.is_empty() {
+                    hash::local_hash(sub, seed)
+                } else {
+                    self.local_hash_with_mm(sub, mm, seed)
+                };
                 // j < split <= SPLIT_FACTOR_MAX, so it fits in u32.
                 let position = j as u32;
                 let engine_hash =
@@ -231,6 +261,9 @@ impl WorkerConverter {
         out.push(Event::stored(worker, tier, s.parent_block_hash, blocks));
         if usable < count {
             skips.add(SkipReason::OpaqueExtraKeys);
+        }
+        if unmatchable {
+            skips.add(SkipReason::UnmatchableMultimodal);
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 use super::*;
 use crate::event::EventKind;
 use crate::hash::{local_hash, seed_for};
+use crate::wire::{RawMmKey, RawMultimodal};
 
 const W: WorkerId = WorkerId::new(7, 1);
 const BS: u32 = 4;
@@ -367,4 +368,59 @@ fn salt_table_is_bounded() {
     // Unsalted stores are unaffected.
     let (out, _) = run(&mut conv, vec![RawEvent::Stored(store(&[u64::MAX - 1], None, 1))]);
     assert_eq!(out.len(), 1);
+}
+
+#[test]
+fn malformed_stores_are_counted() {
+    assert_eq!(skipped(RawEvent::MalformedStore), SkipReason::MalformedStore);
+}
+
+/// A TensorRT-LLM store of `blocks` engine blocks of `size` tokens: text,
+/// then an item (digest, offset 1000) over the rest, named `uuid`.
+fn trtllm_mm_store(size: u32, uuid: Option<&str>) -> RawStored {
+    let digest = "c".repeat(64);
+    let mut tokens = vec![11, 12, 0];
+    tokens.extend((1..=(2 * size - 3)).map(|k| 1000 + k));
+    let key = |start: u64| RawMmKey { hash: digest.clone(), start_offset: start, uuid: uuid.map(Into::into) };
+    RawStored {
+        block_hashes: vec![(-3i64) as u64, 1 << 63],
+        token_ids: tokens,
+        multimodal: Some(Box::new(RawMultimodal {
+            string_tokens: vec![(2, digest.clone())],
+            mm_keys: Some(vec![vec![key(0)], vec![key(u64::from(size) - 2)]]),
+        })),
+        block_size: size,
+        medium: Some("GPU".into()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn trtllm_multimodal_blocks_hash_the_routers_tokens() {
+    let pad = hash::mm_pad_token(hash::mm_identifier_hash("photo-1").unwrap());
+    let plain = seed_for(None, None);
+    for size in [BS, 2 * BS] {
+        let (out, reason) = one(RawEvent::Stored(trtllm_mm_store(size, Some("photo-1"))));
+        assert_eq!(reason, None);
+        let mut routed = vec![11, 12];
+        routed.resize(2 * size as usize, pad);
+        let (_, got) = blocks(&out[0]);
+        let want = locals(&routed, plain);
+        assert_eq!(got.iter().map(|b| b.local_hash).collect::<Vec<_>>(), want, "engine blocks of {size}");
+        assert_eq!(got.last().unwrap().engine_hash, 1 << 63);
+    }
+}
+
+#[test]
+fn trtllm_items_without_a_uuid_are_stored_unmatchable() {
+    let s = trtllm_mm_store(BS, None);
+    let (out, reason) = one(RawEvent::Stored(s.clone()));
+    assert_eq!(reason, Some(SkipReason::UnmatchableMultimodal));
+    let (_, got) = blocks(&out[0]);
+    assert_eq!(got.iter().map(|b| b.engine_hash).collect::<Vec<_>>(), s.block_hashes);
+    let pad = hash::mm_pad_token(0);
+    for (b, chunk) in got.iter().zip(s.token_ids.chunks_exact(BS as usize)) {
+        assert_ne!(b.local_hash, local_hash(chunk, seed_for(None, None)));
+        assert_ne!(b.local_hash, local_hash(&[11, 12, pad, pad], seed_for(None, None)));
+    }
 }

@@ -11,14 +11,25 @@
 //! kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership]`),
 //! which SGLang's shorter tuples are a prefix of.
 //!
+//! TensorRT-LLM's streaming publisher sends tagged maps in the same layout,
+//! with two additions: a token may be a string (the hex digest that opens a
+//! multimodal item) and `mm_keys` lists each block's multimodal runs as
+//! `{"type": "mm_key", "hash", "start_offset", "uuid"?}` maps. Both are kept
+//! as sent; what they mean for a block's hash is `super::multimodal`'s.
+//!
 //! Every count is checked against a named limit and against the bytes left
 //! before anything is reserved; any violation, wrong type or truncation is a
-//! [`WireError`], never a panic.
+//! [`WireError`], never a panic. One odd event does not sink its batch: a
+//! field whose value cannot be read is skipped whole, and a `BlockStored`
+//! with such a field (or without a required one) becomes
+//! [`RawEvent::MalformedStore`], skipped and counted while the rest of the
+//! batch applies. Anything else unreadable (a remove, an event whose type
+//! cannot be read, broken msgpack) still fails the batch, which resyncs.
 
 use super::error::WireError;
 use super::extra_keys::{classify, BlockKeys, ExtraKey};
 use super::msgpack::{u32_at, Item, Reader};
-use super::raw::{DecodedBatch, RawEvent, RawRemoved, RawStored};
+use super::raw::{DecodedBatch, RawEvent, RawMmKey, RawMultimodal, RawRemoved, RawStored};
 use crate::event::BLOCKS_PER_EVENT_MAX;
 
 /// Largest payload decoded; larger ones are refused unread.
@@ -81,7 +92,20 @@ struct Fields<'a> {
     token_ids: Option<Vec<u32>>,
     block_size: Option<u32>,
     extra_keys: Option<BlockKeys<'a>>,
+    string_tokens: Vec<(u32, String)>,
+    mm_keys: Option<Vec<Vec<RawMmKey>>>,
+    /// The first field whose value could not be read (and was skipped).
+    unreadable: Option<WireError>,
     rest: RawStored,
+}
+
+/// After a field's value failed to decode at `start`: skips the value whole
+/// and remembers the first failure, for [`finish`] to judge.
+fn skip_unreadable(r: &mut Reader<'_>, start: usize, f: &mut Fields<'_>, e: WireError) -> Result<(), WireError> {
+    r.rewind(start);
+    r.skip()?;
+    f.unreadable.get_or_insert(e);
+    Ok(())
 }
 
 #[derive(Copy, Clone, PartialEq, Eq)]
@@ -122,25 +146,38 @@ fn read_positional<'a>(r: &mut Reader<'a>, len: u32, start: usize) -> Result<Fie
         _ => Tag::Other,
     };
     let mut f = Fields { tag: Some(tag), ..Fields::default() };
-    let o = &mut f.rest;
     for position in 1..len {
-        match (kind, position) {
-            (Tag::Stored | Tag::Removed, 1) => f.block_hashes = Some(read_hashes(r)?),
-            (Tag::Stored, 2) => o.parent_block_hash = read_hash_or_nil(r)?,
-            (Tag::Stored, 3) => f.token_ids = Some(read_tokens(r)?),
-            (Tag::Stored, 4) => f.block_size = Some(r.u32("block_size")?),
-            (Tag::Stored, 5) => o.lora_id = read_lora_id(r)?,
-            (Tag::Stored, 6) | (Tag::Removed, 2) => o.medium = read_str(r, "medium")?,
-            (Tag::Stored, 7) => read_lora_slot(r, o)?,
-            (Tag::Stored, 8) => f.extra_keys = read_extra_keys(r)?,
-            (Tag::Stored, 9) | (Tag::Removed, 3) => o.group_idx = r.u32_or_nil("group_idx")?,
-            (Tag::Stored, 10) | (Tag::Removed, 4) => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
-            (Tag::Stored, 12) | (Tag::Removed, 6) => o.locality = read_str(r, "locality")?,
-            (Tag::Stored, 13) | (Tag::Removed, 7) => o.ownership = read_str(r, "ownership")?,
-            _ => r.skip()?,
+        let start = r.pos();
+        if let Err(e) = read_positional_field(r, kind, position, &mut f) {
+            skip_unreadable(r, start, &mut f, e)?;
         }
     }
     Ok(f)
+}
+
+fn read_positional_field<'a>(
+    r: &mut Reader<'a>,
+    kind: Tag,
+    position: u32,
+    f: &mut Fields<'a>,
+) -> Result<(), WireError> {
+    let o = &mut f.rest;
+    match (kind, position) {
+        (Tag::Stored | Tag::Removed, 1) => f.block_hashes = Some(read_hashes(r)?),
+        (Tag::Stored, 2) => o.parent_block_hash = read_hash_or_nil(r)?,
+        (Tag::Stored, 3) => f.token_ids = Some(read_tokens(r, &mut f.string_tokens)?),
+        (Tag::Stored, 4) => f.block_size = Some(r.u32("block_size")?),
+        (Tag::Stored, 5) => o.lora_id = read_lora_id(r)?,
+        (Tag::Stored, 6) | (Tag::Removed, 2) => o.medium = read_str(r, "medium")?,
+        (Tag::Stored, 7) => read_lora_slot(r, o)?,
+        (Tag::Stored, 8) => f.extra_keys = read_extra_keys(r)?,
+        (Tag::Stored, 9) | (Tag::Removed, 3) => o.group_idx = r.u32_or_nil("group_idx")?,
+        (Tag::Stored, 10) | (Tag::Removed, 4) => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
+        (Tag::Stored, 12) | (Tag::Removed, 6) => o.locality = read_str(r, "locality")?,
+        (Tag::Stored, 13) | (Tag::Removed, 7) => o.ownership = read_str(r, "ownership")?,
+        _ => r.skip()?,
+    }
+    Ok(())
 }
 
 fn read_map<'a>(r: &mut Reader<'a>, len: u32) -> Result<Fields<'a>, WireError> {
@@ -156,26 +193,39 @@ fn read_map<'a>(r: &mut Reader<'a>, len: u32) -> Result<Fields<'a>, WireError> {
                 continue;
             }
         };
-        let o = &mut f.rest;
-        match key {
-            b"type" => f.tag = Some(read_tag(r)?),
-            b"block_hashes" => f.block_hashes = Some(read_hashes(r)?),
-            b"parent_block_hash" => o.parent_block_hash = read_hash_or_nil(r)?,
-            b"token_ids" => f.token_ids = Some(read_tokens(r)?),
-            b"block_size" => f.block_size = Some(r.u32("block_size")?),
-            b"lora_id" => o.lora_id = read_lora_id(r)?,
-            b"medium" => o.medium = read_str(r, "medium")?,
-            b"lora_name" => o.lora_name = read_str(r, "lora_name")?,
-            b"cache_salt" => o.cache_salt = read_str(r, "cache_salt")?,
-            b"extra_keys" => f.extra_keys = read_extra_keys(r)?,
-            b"group_idx" => o.group_idx = r.u32_or_nil("group_idx")?,
-            b"kv_cache_spec_kind" => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
-            b"locality" => o.locality = read_str(r, "locality")?,
-            b"ownership" => o.ownership = read_str(r, "ownership")?,
-            _ => r.skip()?,
+        if key == b"type" {
+            // Without its type an event cannot be judged: this one stays fatal.
+            f.tag = Some(read_tag(r)?);
+            continue;
+        }
+        let start = r.pos();
+        if let Err(e) = read_map_field(r, key, &mut f) {
+            skip_unreadable(r, start, &mut f, e)?;
         }
     }
     Ok(f)
+}
+
+fn read_map_field<'a>(r: &mut Reader<'a>, key: &[u8], f: &mut Fields<'a>) -> Result<(), WireError> {
+    let o = &mut f.rest;
+    match key {
+        b"block_hashes" => f.block_hashes = Some(read_hashes(r)?),
+        b"parent_block_hash" => o.parent_block_hash = read_hash_or_nil(r)?,
+        b"token_ids" => f.token_ids = Some(read_tokens(r, &mut f.string_tokens)?),
+        b"block_size" => f.block_size = Some(r.u32("block_size")?),
+        b"lora_id" => o.lora_id = read_lora_id(r)?,
+        b"medium" => o.medium = read_str(r, "medium")?,
+        b"lora_name" => o.lora_name = read_str(r, "lora_name")?,
+        b"cache_salt" => o.cache_salt = read_str(r, "cache_salt")?,
+        b"extra_keys" => f.extra_keys = read_extra_keys(r)?,
+        b"mm_keys" => f.mm_keys = read_mm_keys(r)?,
+        b"group_idx" => o.group_idx = r.u32_or_nil("group_idx")?,
+        b"kv_cache_spec_kind" => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
+        b"locality" => o.locality = read_str(r, "locality")?,
+        b"ownership" => o.ownership = read_str(r, "ownership")?,
+        _ => r.skip()?,
+    }
+    Ok(())
 }
 
 fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
@@ -186,13 +236,18 @@ fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
     let o = f.rest;
     match tag {
         "BlockStored" => {
-            let block_hashes = f.block_hashes.ok_or_else(|| missing("block_hashes"))?;
-            let token_ids = f.token_ids.ok_or_else(|| missing("token_ids"))?;
-            let block_size = f.block_size.ok_or_else(|| missing("block_size"))?;
+            let (Some(block_hashes), Some(token_ids), Some(block_size), None) =
+                (f.block_hashes, f.token_ids, f.block_size, f.unreadable)
+            else {
+                return Ok(RawEvent::MalformedStore);
+            };
             let classified = f.extra_keys.map(|keys| classify(&keys, o.lora_name.as_deref())).unwrap_or_default();
+            let multimodal = (!f.string_tokens.is_empty() || f.mm_keys.is_some())
+                .then(|| Box::new(RawMultimodal { string_tokens: f.string_tokens, mm_keys: f.mm_keys }));
             Ok(RawEvent::Stored(RawStored {
                 block_hashes,
                 token_ids,
+                multimodal,
                 block_size,
                 extra_keys_salt: classified.salt,
                 block_mm_hashes: classified.block_mm_hashes,
@@ -200,6 +255,7 @@ fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
                 ..o
             }))
         }
+        _ if f.unreadable.is_some() => Err(f.unreadable.unwrap_or_else(|| missing("a readable field"))),
         "BlockRemoved" => Ok(RawEvent::Removed(RawRemoved {
             block_hashes: f.block_hashes.ok_or_else(|| missing("block_hashes"))?,
             medium: o.medium,
@@ -261,8 +317,9 @@ fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, WireError> {
     Ok(out)
 }
 
-/// Token ids, plain or as SGLang's bigram pairs `[token, next]` (the first is the block's token).
-fn read_tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, WireError> {
+/// Token ids, plain or as SGLang's bigram pairs `[token, next]` (the first
+/// is the block's token); a string token reads 0 and goes to `strings`.
+fn read_tokens(r: &mut Reader<'_>, strings: &mut Vec<(u32, String)>) -> Result<Vec<u32>, WireError> {
     let len = r.array("token_ids")?;
     if len > TOKENS_PER_EVENT_MAX {
         return Err(r.error(format!("token_ids: {len} tokens, limit {TOKENS_PER_EVENT_MAX}")));
@@ -280,6 +337,12 @@ fn read_tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, WireError> {
             Item::Array(2) => {
                 out.push(r.u32("token id")?);
                 r.u32("token id")?;
+            }
+            Item::Str(bytes) => {
+                let text = r.utf8(start, "token id", bytes, ENGINE_STRING_BYTES_MAX)?;
+                // out.len() < len <= TOKENS_PER_EVENT_MAX, so it fits in u32.
+                strings.push((out.len() as u32, text.to_owned()));
+                out.push(0);
             }
             item => out.push(u32_at(start, item, "token id")?),
         }
@@ -345,6 +408,64 @@ fn read_extra_keys<'a>(r: &mut Reader<'a>) -> Result<Option<BlockKeys<'a>>, Wire
         blocks.push(Some(keys));
     }
     Ok(Some(blocks))
+}
+
+/// TensorRT-LLM's `mm_keys`: nil, or per block nil or a list of key maps.
+fn read_mm_keys(r: &mut Reader<'_>) -> Result<Option<Vec<Vec<RawMmKey>>>, WireError> {
+    let Some(len) = r.array_or_nil("mm_keys")? else {
+        return Ok(None);
+    };
+    if len as usize > BLOCKS_PER_EVENT_MAX {
+        return Err(r.error(format!("mm_keys: {len} entries, limit {BLOCKS_PER_EVENT_MAX}")));
+    }
+    let mut blocks = Vec::with_capacity(len as usize);
+    for _ in 0..len {
+        let count = r.array_or_nil("mm_keys entry")?.unwrap_or(0);
+        let mut keys = Vec::with_capacity((count as usize).min(r.remaining()));
+        for _ in 0..count {
+            keys.push(read_mm_key(r)?);
+        }
+        blocks.push(keys);
+    }
+    Ok(Some(blocks))
+}
+
+/// One `mm_key` map: `hash` and `start_offset` required, `uuid` optional,
+/// anything else (its `"type"` tag) skipped.
+fn read_mm_key(r: &mut Reader<'_>) -> Result<RawMmKey, WireError> {
+    let start = r.pos();
+    let len = match r.next()? {
+        Item::Map(len) => len,
+        other => return Err(WireError::at(start, format!("mm_keys item: expected a map, found {}", other.kind()))),
+    };
+    let (mut hash, mut offset, mut uuid) = (None, None, None);
+    for _ in 0..len {
+        match r.next()? {
+            Item::Str(b"hash") => hash = read_str(r, "mm_key hash")?,
+            Item::Str(b"uuid") => uuid = read_str(r, "mm_key uuid")?,
+            Item::Str(b"start_offset") => {
+                let at = r.pos();
+                offset = match r.next()? {
+                    Item::Uint(v) => Some(v),
+                    Item::Int(v) if v >= 0 => Some(v as u64),
+                    other => {
+                        return Err(WireError::at(
+                            at,
+                            format!("mm_key start_offset: expected an integer >= 0, found {}", other.kind()),
+                        ))
+                    }
+                };
+            }
+            other => {
+                r.skip_children(other, 1)?;
+                r.skip()?;
+            }
+        }
+    }
+    match (hash, offset) {
+        (Some(hash), Some(start_offset)) => Ok(RawMmKey { hash, start_offset, uuid }),
+        _ => Err(WireError::at(start, "mm_keys item without hash or start_offset")),
+    }
 }
 
 fn read_extra_key<'a>(r: &mut Reader<'a>) -> Result<ExtraKey<'a>, WireError> {

@@ -379,20 +379,10 @@ fn malformed_events_fail_with_a_reason() {
     assert_err(&ev(Mp::new().arr(0).done()), "no type tag");
     assert_err(&ev(Mp::new().arr(1).u(1).done()), "event type");
     assert_err(&ev(Mp::new().map(1).s("block_hashes").hashes(&[1]).done()), "no \"type\"");
-    assert_err(&ev(Mp::new().arr(3).s("BlockStored").hashes(&[1]).nil().done()), "without token_ids");
     assert_err(&ev(Mp::new().arr(1).s("BlockRemoved").done()), "without block_hashes");
     assert_err(&ev(Mp::new().arr(2).s("BlockRemoved").arr(1).s("h").done()), "block hash");
     assert_err(&ev(Mp::new().arr(2).s("BlockRemoved").arr(1).bin(&[]).done()), "non-empty bytes");
     assert_err(&ev(Mp::new().arr(2).s("BlockRemoved").nil().done()), "block_hashes: expected an array");
-    let store = |tokens: Mp, size: Mp| {
-        ev(Mp::new().arr(5).s("BlockStored").hashes(&[1]).nil().raw(&tokens.done()).raw(&size.done()).done())
-    };
-    assert_err(&store(Mp::new().arr(1).i(-1), Mp::new().u(1)), "token id");
-    assert_err(&store(Mp::new().arr(1).u(1 << 32), Mp::new().u(1)), "token id");
-    assert_err(&store(Mp::new().arr(1).s("a"), Mp::new().u(1)), "token id");
-    assert_err(&store(Mp::new().u32s(&[1]), Mp::new().i(-16)), "block_size");
-    assert_err(&store(Mp::new().u32s(&[1]), Mp::new().u(1 << 33)), "block_size");
-    assert_err(&store(Mp::new().u32s(&[1]), Mp::new().nil()), "block_size");
     let bad_utf8 = Mp::new().arr(3).s("BlockRemoved").hashes(&[1]).raw(&[0xa2, 0xff, 0xfe]).done();
     assert_err(&ev(bad_utf8), "not UTF-8");
     let wrong_medium = Mp::new().arr(3).s("BlockRemoved").hashes(&[1]).u(5).done();
@@ -400,8 +390,95 @@ fn malformed_events_fail_with_a_reason() {
     let wrong_group =
         Mp::new().map(3).s("type").s("BlockRemoved").s("block_hashes").hashes(&[1]).s("group_idx").s("0").done();
     assert_err(&ev(wrong_group), "group_idx");
-    let wrong_lora = Mp::new().arr(8).s("BlockStored").hashes(&[1]).nil().u32s(&[1]).u(1).nil().nil().u(5).done();
-    assert_err(&ev(wrong_lora), "lora_name");
+    let bad_removed_map =
+        Mp::new().map(3).s("type").s("BlockRemoved").s("block_hashes").arr(1).f(1.0).s("medium").nil().done();
+    assert_err(&ev(bad_removed_map), "block hash");
+}
+
+#[test]
+fn odd_stores_are_skipped_and_the_rest_of_the_batch_applies() {
+    let cleared = Mp::new().arr(1).s("AllBlocksCleared").done();
+    let store = |tokens: Mp, size: Mp| {
+        Mp::new().arr(5).s("BlockStored").hashes(&[1]).nil().raw(&tokens.done()).raw(&size.done()).done()
+    };
+    let map_store = |field: &str, value: Mp| {
+        stored_map_fields(Mp::new().map(9)).s("type").s("BlockStored").s(field).raw(&value.done()).done()
+    };
+    let odd = [
+        store(Mp::new().arr(1).i(-1), Mp::new().u(1)),
+        store(Mp::new().arr(1).u(1 << 32), Mp::new().u(1)),
+        store(Mp::new().arr(1).f(1.5), Mp::new().u(1)),
+        store(Mp::new().arr(1).nil(), Mp::new().u(1)),
+        store(Mp::new().arr(1).arr(3).u(1).u(2).u(3), Mp::new().u(1)),
+        store(Mp::new().u32s(&[1]), Mp::new().i(-16)),
+        store(Mp::new().u32s(&[1]), Mp::new().u(1 << 33)),
+        store(Mp::new().u32s(&[1]), Mp::new().nil()),
+        Mp::new().arr(3).s("BlockStored").hashes(&[1]).nil().done(),
+        Mp::new().arr(8).s("BlockStored").hashes(&[1]).nil().u32s(&[1]).u(1).nil().nil().u(5).done(),
+        // Map stores: a later field of a wrong type, and mm_keys of a wrong shape.
+        map_store("group_idx", Mp::new().s("0")),
+        map_store("mm_keys", Mp::new().arr(1).arr(1).u(5)),
+        map_store("mm_keys", Mp::new().arr(1).arr(1).map(1).s("hash").s("ab")),
+        map_store("mm_keys", Mp::new().arr(1).arr(1).map(2).s("hash").s("ab").s("start_offset").i(-1)),
+    ];
+    for (i, e) in odd.into_iter().enumerate() {
+        let b = decode_payload(&batch(&[e, cleared.clone()], None)).unwrap_or_else(|e| panic!("case {i}: {e}"));
+        assert_eq!(b.events, vec![RawEvent::MalformedStore, RawEvent::Cleared], "case {i}");
+    }
+}
+
+#[test]
+fn string_tokens_and_mm_keys_are_kept_as_sent() {
+    let digest = "ab".repeat(32);
+    let key = |start: u64, uuid: Option<&str>| {
+        let mp = Mp::new().map(if uuid.is_some() { 4 } else { 3 }).s("type").s("mm_key").s("hash").s(&digest);
+        let mp = mp.s("start_offset").u(start);
+        match uuid {
+            Some(u) => mp.s("uuid").s(u),
+            None => mp,
+        }
+    };
+    let tokens = Mp::new().arr(8).u(1).s(&digest).u(1001).u(1002).u(1003).i(7).u(1004).u(1005);
+    let keys = Mp::new().arr(2).arr(1).raw(&key(0, Some("img")).done()).arr(2);
+    let keys = keys.raw(&key(3, None).done()).raw(&key(4, Some("img")).done());
+    let ev = Mp::new()
+        .map(7)
+        .s("type")
+        .s("BlockStored")
+        .s("block_hashes")
+        .arr(2)
+        .i(-5)
+        .i(i64::MIN)
+        .s("parent_block_hash")
+        .nil()
+        .s("token_ids")
+        .raw(&tokens.done())
+        .s("block_size")
+        .u(4)
+        .s("medium")
+        .s("GPU")
+        .s("mm_keys")
+        .raw(&keys.done())
+        .done();
+    let s = stored(only_event(&batch(&[ev], Some(Some(0)))));
+    assert_eq!(s.token_ids, vec![1, 0, 1001, 1002, 1003, 7, 1004, 1005]);
+    let mm = s.multimodal.unwrap();
+    assert_eq!(mm.string_tokens, vec![(1, digest.clone())]);
+    assert_eq!(s.block_hashes, vec![(-5i64) as u64, 1 << 63]);
+    assert_eq!(s.block_size, 4);
+    let k = |start: u64, uuid: Option<&str>| RawMmKey {
+        hash: digest.clone(),
+        start_offset: start,
+        uuid: uuid.map(Into::into),
+    };
+    assert_eq!(mm.mm_keys, Some(vec![vec![k(0, Some("img"))], vec![k(3, None), k(4, Some("img"))]]));
+    // Nil keys, and nil per block, read as none.
+    let nil_keys = stored_map_fields(Mp::new().map(9)).s("type").s("BlockStored").s("mm_keys").nil().done();
+    assert_eq!(stored(only_event(&batch(&[nil_keys], None))).multimodal, None);
+    let nil_block =
+        stored_map_fields(Mp::new().map(9)).s("type").s("BlockStored").s("mm_keys").arr(2).nil().arr(0).done();
+    let mm = stored(only_event(&batch(&[nil_block], None))).multimodal.unwrap();
+    assert_eq!((mm.string_tokens.len(), mm.mm_keys), (0, Some(vec![vec![], vec![]])));
 }
 
 #[test]
@@ -423,11 +500,19 @@ fn absurd_lengths_fail_before_allocating() {
     let mut many = Mp::new().arr(2).f(0.0).raw(&[0xdd]).raw(&over.to_be_bytes()).done();
     many.resize(many.len() + over as usize, 0xc0);
     assert_err(&many, "limit");
+    // A store over a limit is skipped (each element walked, none kept); a
+    // remove over one fails the batch.
     let tokens_over = TOKENS_PER_EVENT_MAX + 1;
     let mut long = Mp::new().arr(2).f(0.0).arr(1).arr(5).s("BlockStored").hashes(&[1]).nil().raw(&[0xdd]).done();
     long.extend(tokens_over.to_be_bytes());
     long.resize(long.len() + tokens_over as usize, 0x01);
-    assert_err(&long, "limit");
+    long.push(0x04);
+    assert_eq!(decode_payload(&long).unwrap().events, vec![RawEvent::MalformedStore]);
+    let hashes_over = BLOCKS_PER_EVENT_MAX as u32 + 1;
+    let mut wide = Mp::new().arr(2).f(0.0).arr(1).arr(2).s("BlockRemoved").raw(&[0xdd]).done();
+    wide.extend(hashes_over.to_be_bytes());
+    wide.resize(wide.len() + hashes_over as usize, 0x01);
+    assert_err(&wide, "limit");
     assert_err(&vec![0u8; PAYLOAD_BYTES_MAX + 1], "limit");
 }
 

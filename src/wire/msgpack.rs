@@ -70,6 +70,13 @@ impl<'a> Reader<'a> {
         self.pos
     }
 
+    /// Goes back to `pos`, an offset this reader already passed (to skip a
+    /// value whose decoding failed halfway).
+    pub(crate) fn rewind(&mut self, pos: usize) {
+        debug_assert!(pos <= self.pos, "rewind forward from {} to {pos}", self.pos);
+        self.pos = pos.min(self.pos);
+    }
+
     /// Bytes not read yet.
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos

@@ -62,6 +62,11 @@ skip_reasons! {
     OpaqueExtraKeys => "opaque_extra_keys",
     /// The per-worker salt table is full; salted stores are skipped until blocks go away.
     SaltTableFull => "salt_table_full",
+    /// A store with a field that could not be read, or without a required one.
+    MalformedStore => "malformed_store",
+    /// A store holding multimodal blocks whose router tokens cannot be
+    /// rebuilt: applied, but those blocks get a hash no query meets.
+    UnmatchableMultimodal => "unmatchable_multimodal",
 }
 
 /// Skipped-event counters, one per [`SkipReason`]; shareable across threads.
