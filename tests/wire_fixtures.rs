@@ -1,6 +1,8 @@
 //! Decodes every frame captured from released vLLM and SGLang publishers
-//! (tests/fixtures/wire/, see scripts/capture_wire_fixtures.sh) and checks
-//! the result against what the capture asked the engine to publish.
+//! (tests/fixtures/wire/, see scripts/capture_wire_fixtures.sh) and those
+//! of TensorRT-LLM's streaming publisher (re-encoded from its source by
+//! scripts/trtllm_wire_fixtures.py), and checks the result against what the
+//! engine was asked to publish.
 
 mod wire_support;
 
@@ -10,31 +12,29 @@ use kv_indexer::hash::{local_hash, seed_for, BASE_SEED};
 use kv_indexer::wire::{
     decode_payload, split_frames, split_replay_frames, RawEvent, ReplayReply, SkipCounters, SkipReason, WorkerConverter,
 };
+use kv_indexer::wire::{RawMmKey, RawMultimodal, RawStored};
 use kv_indexer::{Event, EventKind, StorageTier, WorkerId};
 use serde_json::{json, Value};
 use wire_support::{load_all, Fixture};
 
+fn multimodal_json(m: &RawMultimodal) -> Value {
+    let keys = m.mm_keys.as_ref().map(|blocks| {
+        let key = |k: &RawMmKey| json!({"hash": k.hash, "start_offset": k.start_offset, "uuid": k.uuid});
+        blocks.iter().map(|b| b.iter().map(key).collect::<Vec<_>>()).collect::<Vec<_>>()
+    });
+    json!({"string_tokens": m.string_tokens, "mm_keys": keys})
+}
+
 /// Renders a decoded event in the sidecar's shape.
 fn event_json(event: &RawEvent) -> Value {
     match event {
-        RawEvent::Stored(s) => json!({
-            "type": "stored",
-            "block_hashes": s.block_hashes,
-            "parent_block_hash": s.parent_block_hash,
-            "token_ids": s.token_ids,
-            "block_size": s.block_size,
-            "lora_id": s.lora_id,
-            "lora_name": s.lora_name,
-            "medium": s.medium,
-            "cache_salt": s.cache_salt,
-            "extra_keys_salt": s.extra_keys_salt,
-            "block_mm_hashes": s.block_mm_hashes,
-            "opaque_extra_keys_from": s.opaque_extra_keys_from,
-            "group_idx": s.group_idx,
-            "kv_cache_spec_kind": s.kv_cache_spec_kind,
-            "locality": s.locality,
-            "ownership": s.ownership,
-        }),
+        RawEvent::Stored(s) => {
+            let mut v = stored_json(s);
+            if let Some(m) = &s.multimodal {
+                v["multimodal"] = multimodal_json(m);
+            }
+            v
+        }
         RawEvent::Removed(r) => json!({
             "type": "removed",
             "block_hashes": r.block_hashes,
@@ -45,7 +45,29 @@ fn event_json(event: &RawEvent) -> Value {
         }),
         RawEvent::Cleared => json!({"type": "cleared"}),
         RawEvent::Unknown => json!({"type": "unknown"}),
+        RawEvent::MalformedStore => json!({"type": "malformed_store"}),
     }
+}
+
+fn stored_json(s: &RawStored) -> Value {
+    json!({
+        "type": "stored",
+        "block_hashes": s.block_hashes,
+        "parent_block_hash": s.parent_block_hash,
+        "token_ids": s.token_ids,
+        "block_size": s.block_size,
+        "lora_id": s.lora_id,
+        "lora_name": s.lora_name,
+        "medium": s.medium,
+        "cache_salt": s.cache_salt,
+        "extra_keys_salt": s.extra_keys_salt,
+        "block_mm_hashes": s.block_mm_hashes,
+        "opaque_extra_keys_from": s.opaque_extra_keys_from,
+        "group_idx": s.group_idx,
+        "kv_cache_spec_kind": s.kv_cache_spec_kind,
+        "locality": s.locality,
+        "ownership": s.ownership,
+    })
 }
 
 #[test]
@@ -62,6 +84,8 @@ fn every_engine_format_is_captured() {
         "sglang-0.5.20-r3",
         "sglang-0.5.22-r3",
         "sglang-0.5.23-r0",
+        "trtllm-2026.07-r0",
+        "trtllm-2026.07-r2",
     ] {
         assert!(names.iter().any(|n| n == version), "missing fixture {version}");
     }
@@ -153,7 +177,7 @@ fn sent_store(f: &Fixture, hash: u64) -> Value {
 #[test]
 fn captured_scenario_converts_as_the_rules_say() {
     const SALTED_ROOT: u64 = 1 << 63;
-    for f in load_all() {
+    for f in load_all().into_iter().filter(|f| f.sidecar["engine"] != "trtllm") {
         let name = &f.name;
         let (stored, out, skips) = convert(&f);
         let plain = seed_for(None, None);
@@ -225,6 +249,73 @@ fn captured_scenario_converts_as_the_rules_say() {
             })
             .collect();
         assert_eq!(removed[0], &vec![300, 70000], "{name}");
+        assert_eq!(out.last().unwrap().kind, EventKind::Cleared, "{name}");
+    }
+}
+
+/// TensorRT-LLM: signed hashes, "GPU", multimodal stores hashed as a router
+/// hashes them, an item without uuid stored where no query meets it.
+#[test]
+fn trtllm_capture_converts_as_a_router_hashes() {
+    let captures: Vec<Fixture> = load_all().into_iter().filter(|f| f.sidecar["engine"] == "trtllm").collect();
+    assert_eq!(captures.len(), 2);
+    for f in captures {
+        let name = &f.name;
+        let (stored, out, skips) = convert(&f);
+        let plain = seed_for(None, None);
+        let device = StorageTier::Device;
+        let live = f.sidecar["live"].as_array().unwrap();
+        let hashes = |batch: usize| -> Vec<u64> {
+            serde_json::from_value(live[batch]["events"][0]["block_hashes"].clone()).unwrap()
+        };
+        // About half the hashes are negative on the wire.
+        let all: Vec<u64> = (0..4).flat_map(hashes).collect();
+        assert!(all.iter().any(|&h| h >= 1 << 63) && all.iter().any(|&h| h < 1 << 63), "{name}");
+
+        // Text: the tokens as sent.
+        let chain = hashes(0);
+        assert_eq!(stored[&chain[0]], (device, local_hash(&tokens(1, 16), plain)), "{name}");
+        assert_eq!(stored[&chain[1]], (device, local_hash(&tokens(17, 32), plain)), "{name}");
+
+        // Multimodal: the router's tokens, or a hash no query meets.
+        for store in f.sidecar["router_tokens"].as_array().unwrap() {
+            let engine: Vec<u64> = serde_json::from_value(store["block_hashes"].clone()).unwrap();
+            let raw: Vec<u32> = serde_json::from_value(
+                live.iter()
+                    .flat_map(|b| b["events"].as_array().unwrap())
+                    .find(|e| e["block_hashes"][0] == json!(engine[0]))
+                    .unwrap()["token_ids"]
+                    .clone(),
+            )
+            .unwrap();
+            for (i, (h, routed)) in engine.iter().zip(store["tokens"].as_array().unwrap()).enumerate() {
+                let got = stored[h].1;
+                let sent = &raw[i * 16..(i + 1) * 16];
+                match routed.as_array() {
+                    Some(t) => {
+                        let t: Vec<u32> = t.iter().map(|v| v.as_u64().unwrap() as u32).collect();
+                        assert_eq!(got, local_hash(&t, plain), "{name}: block {h}");
+                        if t.iter().any(|&x| x >= 1_000_000) {
+                            assert_ne!(got, local_hash(sent, plain), "{name}: block {h} hashed as sent");
+                        }
+                    }
+                    None => assert_ne!(got, local_hash(sent, plain), "{name}: block {h} matchable"),
+                }
+            }
+        }
+        assert_eq!(skips.get(SkipReason::UnmatchableMultimodal), 1, "{name}");
+        assert_eq!(skips.total(), 1, "{name}: {:?}", skips.snapshot());
+
+        // Removes name the signed hashes; the clear ends the capture.
+        let removed: Vec<&Vec<u64>> = out
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::Removed { engine_hashes } => Some(engine_hashes),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(removed.len(), 2, "{name}");
+        assert_eq!(*removed[0], vec![hashes(1)[0], *hashes(2).last().unwrap()], "{name}");
         assert_eq!(out.last().unwrap().kind, EventKind::Cleared, "{name}");
     }
 }

@@ -46,7 +46,7 @@ fn salt_of(f: &Fixture) -> Option<String> {
 
 #[test]
 fn stored_prefixes_are_found_and_salts_keep_tenants_apart() {
-    for f in load_all() {
+    for f in load_all().into_iter().filter(|f| f.sidecar["engine"] != "trtllm") {
         let name = &f.name;
         let before_clear = f.live.len() - 1;
         let (index, worker) = index_of(&f, 16, before_clear);
@@ -69,7 +69,7 @@ fn stored_prefixes_are_found_and_salts_keep_tenants_apart() {
 
 #[test]
 fn engine_blocks_larger_than_the_index_blocks_are_split_and_removed_whole() {
-    for f in load_all() {
+    for f in load_all().into_iter().filter(|f| f.sidecar["engine"] != "trtllm") {
         let name = &f.name;
         let before_clear = f.live.len() - 1;
         let (index, worker) = index_of(&f, 8, before_clear);
@@ -91,5 +91,40 @@ fn engine_blocks_larger_than_the_index_blocks_are_split_and_removed_whole() {
         for gone in [300, split_block_hash(300, 0), 70000, split_block_hash(70000, 0)] {
             assert!(!held.contains(&gone), "{name}: {gone} survived its remove");
         }
+    }
+}
+
+/// The router's tokens for every block of `f`'s first multimodal store.
+fn router_tokens(f: &Fixture) -> Vec<u32> {
+    let store = &f.sidecar["router_tokens"][0]["tokens"];
+    store.as_array().unwrap().iter().flat_map(|b| b.as_array().unwrap()).map(|t| t.as_u64().unwrap() as u32).collect()
+}
+
+fn depth_of(index: &Index, tokens: &[u32], block_size: u32, worker: WorkerId) -> (u32, u32, u32) {
+    let mut locals = Vec::new();
+    local_hashes_into(tokens, block_size as usize, seed_for(None, None), &mut locals);
+    depths(&index.find_matches(&locals), worker)
+}
+
+#[test]
+fn trtllm_multimodal_prefixes_are_found_with_the_routers_tokens() {
+    for f in load_all().into_iter().filter(|f| f.sidecar["engine"] == "trtllm") {
+        let name = &f.name;
+        // Text chain (2 blocks), its child (1), then three multimodal blocks.
+        let mut tokens: Vec<u32> = (1..=48).collect();
+        tokens.extend(router_tokens(&f));
+        for block_size in [16, 8] {
+            let (index, worker) = index_of(&f, block_size, 3);
+            let per = 16 / block_size;
+            assert_eq!(depth_of(&index, &tokens, block_size, worker), (6 * per, 6 * per, 6 * per), "{name}");
+            // The tokens as the engine sent them (digest as 0, offset ids) reach only the text.
+            let sent: Vec<u32> =
+                serde_json::from_value(f.sidecar["live"][2]["events"][0]["token_ids"].clone()).unwrap();
+            let raw: Vec<u32> = (1..=48).chain(sent).collect();
+            assert_eq!(depth_of(&index, &raw, block_size, worker).0, 3 * per, "{name}: sent tokens matched");
+        }
+        // After the removes, the child is gone and so is the rest of the chain.
+        let (index, worker) = index_of(&f, 16, 5);
+        assert_eq!(depth_of(&index, &tokens, 16, worker), (2, 2, 2), "{name}");
     }
 }
