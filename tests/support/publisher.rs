@@ -29,6 +29,9 @@ pub enum Encoding {
     Tagged,
     /// `["BlockStored", ...]` arrays (vLLM <= 0.23).
     Positional,
+    /// TensorRT-LLM's streaming publisher: maps with only the fields it
+    /// sends (`mm_keys` empty per block), "GPU" only.
+    TrtLlm,
 }
 
 /// How block hashes are encoded.
@@ -51,6 +54,8 @@ pub enum ReplyForm {
     ThreeFrames,
     /// `[b"", topic, seq, payload]` (vLLM >= 0.26).
     FourFrames,
+    /// Four frames, the end marker's topic empty (TensorRT-LLM).
+    FourFramesBareEnd,
 }
 
 /// Test publisher settings.
@@ -395,7 +400,8 @@ impl TestPublisher {
         let count = 1 + self.rng.below(3) as usize;
         let mut events = Vec::with_capacity(count);
         for _ in 0..count {
-            let tier = if self.rng.chance(70) { StorageTier::Device } else { StorageTier::HostPinned };
+            let device_only = self.cfg.encoding == Encoding::TrtLlm;
+            let tier = if device_only || self.rng.chance(70) { StorageTier::Device } else { StorageTier::HostPinned };
             let held: Vec<u64> = scratch[tier.index()].iter().copied().collect();
             let roll = self.rng.below(100);
             let event = if roll < 2 {
@@ -454,6 +460,7 @@ impl TestPublisher {
             match self.cfg.encoding {
                 Encoding::Tagged => self.encode_tagged(&mut buf, e, form),
                 Encoding::Positional => self.encode_positional(&mut buf, e, form),
+                Encoding::TrtLlm => self.encode_trtllm(&mut buf, e, form),
             }
         }
         match self.cfg.batch_dp_rank {
@@ -509,6 +516,37 @@ impl TestPublisher {
                 write_str(buf, "type").unwrap();
                 write_str(buf, "AllBlocksCleared").unwrap();
             }
+        }
+    }
+
+    fn encode_trtllm(&mut self, buf: &mut Vec<u8>, event: &TestEvent, form: HashForm) {
+        use rmp::encode::*;
+        match event {
+            TestEvent::Stored { tier, parent, hashes } => {
+                write_map_len(buf, 9).unwrap();
+                write_str(buf, "type").unwrap();
+                write_str(buf, "BlockStored").unwrap();
+                write_str(buf, "block_hashes").unwrap();
+                write_hashes(buf, hashes, form);
+                write_str(buf, "parent_block_hash").unwrap();
+                write_opt_hash(buf, *parent, form);
+                write_str(buf, "token_ids").unwrap();
+                self.write_tokens(buf, *parent, hashes);
+                write_str(buf, "block_size").unwrap();
+                write_uint(buf, u64::from(self.cfg.block_size)).unwrap();
+                write_str(buf, "lora_id").unwrap();
+                write_nil(buf).unwrap();
+                write_str(buf, "medium").unwrap();
+                write_medium(buf, *tier);
+                write_str(buf, "lora_name").unwrap();
+                write_nil(buf).unwrap();
+                write_str(buf, "mm_keys").unwrap();
+                write_array_len(buf, hashes.len() as u32).unwrap();
+                for _ in hashes {
+                    write_array_len(buf, 0).unwrap();
+                }
+            }
+            TestEvent::Removed { .. } | TestEvent::Cleared => self.encode_tagged(buf, event, form),
         }
     }
 
@@ -768,7 +806,10 @@ fn serve_replay(router: zmq::Socket, ring: Arc<Mutex<Ring>>, stop: Arc<AtomicBoo
         let reply = |seq: u64, payload: Vec<u8>| -> Vec<Vec<u8>> {
             match form {
                 ReplyForm::ThreeFrames => vec![id.clone(), Vec::new(), seq.to_be_bytes().to_vec(), payload],
-                ReplyForm::FourFrames => {
+                ReplyForm::FourFramesBareEnd if seq == u64::MAX => {
+                    vec![id.clone(), Vec::new(), Vec::new(), seq.to_be_bytes().to_vec(), payload]
+                }
+                ReplyForm::FourFrames | ReplyForm::FourFramesBareEnd => {
                     vec![id.clone(), Vec::new(), topic.clone(), seq.to_be_bytes().to_vec(), payload]
                 }
             }
