@@ -19,12 +19,13 @@
 //!
 //! Every count is checked against a named limit and against the bytes left
 //! before anything is reserved; any violation, wrong type or truncation is a
-//! [`WireError`], never a panic. One odd event does not sink its batch: a
-//! field whose value cannot be read is skipped whole, and a `BlockStored`
-//! with such a field (or without a required one) becomes
-//! [`RawEvent::MalformedStore`], skipped and counted while the rest of the
-//! batch applies. Anything else unreadable (a remove, an event whose type
-//! cannot be read, broken msgpack) still fails the batch, which resyncs.
+//! [`WireError`], never a panic. One odd store does not sink its batch: a
+//! `BlockStored` that fails to decode (a field of a wrong type, a missing
+//! field) but is well-formed msgpack is skipped whole and reported as
+//! [`RawEvent::MalformedStore`], counted while the rest of the batch
+//! applies. Anything else unreadable (a remove, an event whose type cannot
+//! be read, broken msgpack) still fails the batch, which resyncs. The
+//! recovery runs only on that error path: valid events decode as fast.
 
 use super::error::WireError;
 use super::extra_keys::{classify, BlockKeys, ExtraKey};
@@ -61,7 +62,11 @@ pub fn decode_payload(payload: &[u8]) -> Result<DecodedBatch, WireError> {
     }
     let mut events = Vec::with_capacity((count as usize).min(EVENTS_RESERVE_MAX));
     for _ in 0..count {
-        events.push(decode_event(&mut r)?);
+        let start = r.pos();
+        events.push(match decode_event(&mut r) {
+            Ok(event) => event,
+            Err(e) => recover(&mut r, start, e)?,
+        });
     }
     let dp_rank = if len >= 3 { r.u32_or_nil("data_parallel_rank")? } else { None };
     for _ in 3..len {
@@ -92,20 +97,7 @@ struct Fields<'a> {
     token_ids: Option<Vec<u32>>,
     block_size: Option<u32>,
     extra_keys: Option<BlockKeys<'a>>,
-    string_tokens: Vec<(u32, String)>,
-    mm_keys: Option<Vec<Vec<RawMmKey>>>,
-    /// The first field whose value could not be read (and was skipped).
-    unreadable: Option<WireError>,
     rest: RawStored,
-}
-
-/// After a field's value failed to decode at `start`: skips the value whole
-/// and remembers the first failure, for [`finish`] to judge.
-fn skip_unreadable(r: &mut Reader<'_>, start: usize, f: &mut Fields<'_>, e: WireError) -> Result<(), WireError> {
-    r.rewind(start);
-    r.skip()?;
-    f.unreadable.get_or_insert(e);
-    Ok(())
 }
 
 #[derive(Copy, Clone, PartialEq, Eq)]
@@ -113,6 +105,40 @@ enum Tag {
     Stored,
     Removed,
     Other,
+}
+
+/// After an event failed to decode: a store is skipped whole and reported
+/// as [`RawEvent::MalformedStore`]; anything else keeps its error.
+#[cold]
+#[inline(never)]
+fn recover(r: &mut Reader<'_>, start: usize, e: WireError) -> Result<RawEvent, WireError> {
+    r.rewind(start);
+    let is_store = event_tag(&mut r.fork()).ok().flatten() == Some("BlockStored");
+    if !is_store {
+        return Err(e);
+    }
+    r.skip()?;
+    Ok(RawEvent::MalformedStore)
+}
+
+/// The type tag of the event at `r`, if it can be read.
+fn event_tag<'a>(r: &mut Reader<'a>) -> Result<Option<&'a str>, WireError> {
+    match r.next()? {
+        Item::Array(len) if len > 0 => read_tag(r).map(Some),
+        Item::Map(len) => {
+            for _ in 0..len {
+                match r.next()? {
+                    Item::Str(b"type") => return read_tag(r).map(Some),
+                    other => {
+                        r.skip_children(other, 1)?;
+                        r.skip()?;
+                    }
+                }
+            }
+            Ok(None)
+        }
+        _ => Ok(None),
+    }
 }
 
 fn decode_event(r: &mut Reader<'_>) -> Result<RawEvent, WireError> {
@@ -146,86 +172,64 @@ fn read_positional<'a>(r: &mut Reader<'a>, len: u32, start: usize) -> Result<Fie
         _ => Tag::Other,
     };
     let mut f = Fields { tag: Some(tag), ..Fields::default() };
+    let o = &mut f.rest;
     for position in 1..len {
-        let start = r.pos();
-        if let Err(e) = read_positional_field(r, kind, position, &mut f) {
-            skip_unreadable(r, start, &mut f, e)?;
+        match (kind, position) {
+            (Tag::Stored | Tag::Removed, 1) => f.block_hashes = Some(read_hashes(r)?),
+            (Tag::Stored, 2) => o.parent_block_hash = read_hash_or_nil(r)?,
+            (Tag::Stored, 3) => f.token_ids = Some(read_tokens(r, &mut o.multimodal)?),
+            (Tag::Stored, 4) => f.block_size = Some(r.u32("block_size")?),
+            (Tag::Stored, 5) => o.lora_id = read_lora_id(r)?,
+            (Tag::Stored, 6) | (Tag::Removed, 2) => o.medium = read_str(r, "medium")?,
+            (Tag::Stored, 7) => read_lora_slot(r, o)?,
+            (Tag::Stored, 8) => f.extra_keys = read_extra_keys(r)?,
+            (Tag::Stored, 9) | (Tag::Removed, 3) => o.group_idx = r.u32_or_nil("group_idx")?,
+            (Tag::Stored, 10) | (Tag::Removed, 4) => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
+            (Tag::Stored, 12) | (Tag::Removed, 6) => o.locality = read_str(r, "locality")?,
+            (Tag::Stored, 13) | (Tag::Removed, 7) => o.ownership = read_str(r, "ownership")?,
+            _ => r.skip()?,
         }
     }
     Ok(f)
-}
-
-fn read_positional_field<'a>(
-    r: &mut Reader<'a>,
-    kind: Tag,
-    position: u32,
-    f: &mut Fields<'a>,
-) -> Result<(), WireError> {
-    let o = &mut f.rest;
-    match (kind, position) {
-        (Tag::Stored | Tag::Removed, 1) => f.block_hashes = Some(read_hashes(r)?),
-        (Tag::Stored, 2) => o.parent_block_hash = read_hash_or_nil(r)?,
-        (Tag::Stored, 3) => f.token_ids = Some(read_tokens(r, &mut f.string_tokens)?),
-        (Tag::Stored, 4) => f.block_size = Some(r.u32("block_size")?),
-        (Tag::Stored, 5) => o.lora_id = read_lora_id(r)?,
-        (Tag::Stored, 6) | (Tag::Removed, 2) => o.medium = read_str(r, "medium")?,
-        (Tag::Stored, 7) => read_lora_slot(r, o)?,
-        (Tag::Stored, 8) => f.extra_keys = read_extra_keys(r)?,
-        (Tag::Stored, 9) | (Tag::Removed, 3) => o.group_idx = r.u32_or_nil("group_idx")?,
-        (Tag::Stored, 10) | (Tag::Removed, 4) => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
-        (Tag::Stored, 12) | (Tag::Removed, 6) => o.locality = read_str(r, "locality")?,
-        (Tag::Stored, 13) | (Tag::Removed, 7) => o.ownership = read_str(r, "ownership")?,
-        _ => r.skip()?,
-    }
-    Ok(())
 }
 
 fn read_map<'a>(r: &mut Reader<'a>, len: u32) -> Result<Fields<'a>, WireError> {
     let mut f = Fields::default();
     for _ in 0..len {
         // Keys are matched as bytes: an unknown key is skipped whatever it holds.
-        let key = match r.next()? {
-            Item::Str(bytes) => bytes,
-            other => {
-                // Not a field of ours: skip the key and its value.
-                r.skip_children(other, 1)?;
-                r.skip()?;
-                continue;
-            }
+        let key = match r.short_str_fast() {
+            Some(bytes) => bytes,
+            None => match r.next()? {
+                Item::Str(bytes) => bytes,
+                other => {
+                    // Not a field of ours: skip the key and its value.
+                    r.skip_children(other, 1)?;
+                    r.skip()?;
+                    continue;
+                }
+            },
         };
-        if key == b"type" {
-            // Without its type an event cannot be judged: this one stays fatal.
-            f.tag = Some(read_tag(r)?);
-            continue;
-        }
-        let start = r.pos();
-        if let Err(e) = read_map_field(r, key, &mut f) {
-            skip_unreadable(r, start, &mut f, e)?;
+        let o = &mut f.rest;
+        match key {
+            b"type" => f.tag = Some(read_tag(r)?),
+            b"block_hashes" => f.block_hashes = Some(read_hashes(r)?),
+            b"parent_block_hash" => o.parent_block_hash = read_hash_or_nil(r)?,
+            b"token_ids" => f.token_ids = Some(read_tokens(r, &mut o.multimodal)?),
+            b"block_size" => f.block_size = Some(r.u32("block_size")?),
+            b"lora_id" => o.lora_id = read_lora_id(r)?,
+            b"medium" => o.medium = read_str(r, "medium")?,
+            b"lora_name" => o.lora_name = read_str(r, "lora_name")?,
+            b"cache_salt" => o.cache_salt = read_str(r, "cache_salt")?,
+            b"extra_keys" => f.extra_keys = read_extra_keys(r)?,
+            b"mm_keys" => read_mm_keys(r, &mut o.multimodal)?,
+            b"group_idx" => o.group_idx = r.u32_or_nil("group_idx")?,
+            b"kv_cache_spec_kind" => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
+            b"locality" => o.locality = read_str(r, "locality")?,
+            b"ownership" => o.ownership = read_str(r, "ownership")?,
+            _ => r.skip()?,
         }
     }
     Ok(f)
-}
-
-fn read_map_field<'a>(r: &mut Reader<'a>, key: &[u8], f: &mut Fields<'a>) -> Result<(), WireError> {
-    let o = &mut f.rest;
-    match key {
-        b"block_hashes" => f.block_hashes = Some(read_hashes(r)?),
-        b"parent_block_hash" => o.parent_block_hash = read_hash_or_nil(r)?,
-        b"token_ids" => f.token_ids = Some(read_tokens(r, &mut f.string_tokens)?),
-        b"block_size" => f.block_size = Some(r.u32("block_size")?),
-        b"lora_id" => o.lora_id = read_lora_id(r)?,
-        b"medium" => o.medium = read_str(r, "medium")?,
-        b"lora_name" => o.lora_name = read_str(r, "lora_name")?,
-        b"cache_salt" => o.cache_salt = read_str(r, "cache_salt")?,
-        b"extra_keys" => f.extra_keys = read_extra_keys(r)?,
-        b"mm_keys" => f.mm_keys = read_mm_keys(r)?,
-        b"group_idx" => o.group_idx = r.u32_or_nil("group_idx")?,
-        b"kv_cache_spec_kind" => o.kv_cache_spec_kind = read_str(r, "kv_cache_spec_kind")?,
-        b"locality" => o.locality = read_str(r, "locality")?,
-        b"ownership" => o.ownership = read_str(r, "ownership")?,
-        _ => r.skip()?,
-    }
-    Ok(())
 }
 
 fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
@@ -236,18 +240,13 @@ fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
     let o = f.rest;
     match tag {
         "BlockStored" => {
-            let (Some(block_hashes), Some(token_ids), Some(block_size), None) =
-                (f.block_hashes, f.token_ids, f.block_size, f.unreadable)
-            else {
-                return Ok(RawEvent::MalformedStore);
-            };
+            let block_hashes = f.block_hashes.ok_or_else(|| missing("block_hashes"))?;
+            let token_ids = f.token_ids.ok_or_else(|| missing("token_ids"))?;
+            let block_size = f.block_size.ok_or_else(|| missing("block_size"))?;
             let classified = f.extra_keys.map(|keys| classify(&keys, o.lora_name.as_deref())).unwrap_or_default();
-            let multimodal = (!f.string_tokens.is_empty() || f.mm_keys.is_some())
-                .then(|| Box::new(RawMultimodal { string_tokens: f.string_tokens, mm_keys: f.mm_keys }));
             Ok(RawEvent::Stored(RawStored {
                 block_hashes,
                 token_ids,
-                multimodal,
                 block_size,
                 extra_keys_salt: classified.salt,
                 block_mm_hashes: classified.block_mm_hashes,
@@ -255,7 +254,6 @@ fn finish(f: Fields<'_>, start: usize) -> Result<RawEvent, WireError> {
                 ..o
             }))
         }
-        _ if f.unreadable.is_some() => Err(f.unreadable.unwrap_or_else(|| missing("a readable field"))),
         "BlockRemoved" => Ok(RawEvent::Removed(RawRemoved {
             block_hashes: f.block_hashes.ok_or_else(|| missing("block_hashes"))?,
             medium: o.medium,
@@ -318,8 +316,8 @@ fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<u64>, WireError> {
 }
 
 /// Token ids, plain or as SGLang's bigram pairs `[token, next]` (the first
-/// is the block's token); a string token reads 0 and goes to `strings`.
-fn read_tokens(r: &mut Reader<'_>, strings: &mut Vec<(u32, String)>) -> Result<Vec<u32>, WireError> {
+/// is the block's token); a string token reads 0 and goes to `multimodal`.
+fn read_tokens(r: &mut Reader<'_>, multimodal: &mut Option<Box<RawMultimodal>>) -> Result<Vec<u32>, WireError> {
     let len = r.array("token_ids")?;
     if len > TOKENS_PER_EVENT_MAX {
         return Err(r.error(format!("token_ids: {len} tokens, limit {TOKENS_PER_EVENT_MAX}")));
@@ -338,16 +336,28 @@ fn read_tokens(r: &mut Reader<'_>, strings: &mut Vec<(u32, String)>) -> Result<V
                 out.push(r.u32("token id")?);
                 r.u32("token id")?;
             }
-            Item::Str(bytes) => {
-                let text = r.utf8(start, "token id", bytes, ENGINE_STRING_BYTES_MAX)?;
-                // out.len() < len <= TOKENS_PER_EVENT_MAX, so it fits in u32.
-                strings.push((out.len() as u32, text.to_owned()));
-                out.push(0);
-            }
+            Item::Str(bytes) => string_token(r, start, bytes, &mut out, multimodal)?,
             item => out.push(u32_at(start, item, "token id")?),
         }
     }
     Ok(out)
+}
+
+/// A token sent as a string: kept aside, 0 in its place.
+#[cold]
+#[inline(never)]
+fn string_token(
+    r: &Reader<'_>,
+    start: usize,
+    bytes: &[u8],
+    out: &mut Vec<u32>,
+    multimodal: &mut Option<Box<RawMultimodal>>,
+) -> Result<(), WireError> {
+    let text = r.utf8(start, "token id", bytes, ENGINE_STRING_BYTES_MAX)?;
+    // out.len() < len <= TOKENS_PER_EVENT_MAX, so it fits in u32.
+    multimodal.get_or_insert_default().string_tokens.push((out.len() as u32, text.to_owned()));
+    out.push(0);
+    Ok(())
 }
 
 fn read_lora_id(r: &mut Reader<'_>) -> Result<Option<u64>, WireError> {
@@ -411,9 +421,11 @@ fn read_extra_keys<'a>(r: &mut Reader<'a>) -> Result<Option<BlockKeys<'a>>, Wire
 }
 
 /// TensorRT-LLM's `mm_keys`: nil, or per block nil or a list of key maps.
-fn read_mm_keys(r: &mut Reader<'_>) -> Result<Option<Vec<Vec<RawMmKey>>>, WireError> {
+/// Kept out of line so the common events' decoding stays compact.
+#[inline(never)]
+fn read_mm_keys(r: &mut Reader<'_>, multimodal: &mut Option<Box<RawMultimodal>>) -> Result<(), WireError> {
     let Some(len) = r.array_or_nil("mm_keys")? else {
-        return Ok(None);
+        return Ok(());
     };
     if len as usize > BLOCKS_PER_EVENT_MAX {
         return Err(r.error(format!("mm_keys: {len} entries, limit {BLOCKS_PER_EVENT_MAX}")));
@@ -427,7 +439,8 @@ fn read_mm_keys(r: &mut Reader<'_>) -> Result<Option<Vec<Vec<RawMmKey>>>, WireEr
         }
         blocks.push(keys);
     }
-    Ok(Some(blocks))
+    multimodal.get_or_insert_default().mm_keys = Some(blocks);
+    Ok(())
 }
 
 /// One `mm_key` map: `hash` and `start_offset` required, `uuid` optional,

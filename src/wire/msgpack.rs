@@ -77,6 +77,11 @@ impl<'a> Reader<'a> {
         self.pos = pos.min(self.pos);
     }
 
+    /// A second reader over the same bytes, at this one's offset.
+    pub(crate) fn fork(&self) -> Reader<'a> {
+        Reader { buf: self.buf, pos: self.pos }
+    }
+
     /// Bytes not read yet.
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
@@ -175,6 +180,23 @@ impl<'a> Reader<'a> {
     fn ext(&mut self, data_len: usize) -> Result<Item<'a>, WireError> {
         self.take(data_len.saturating_add(1))?;
         Ok(Item::Ext)
+    }
+
+    /// The next item's bytes if it is a string of at most 255 bytes (a map
+    /// key, almost always), advancing past it; None, not advancing, for
+    /// anything else, so the caller falls back to [`Self::next`]. Read
+    /// straight from the buffer: no [`Item`] passes through memory.
+    #[inline]
+    pub(crate) fn short_str_fast(&mut self) -> Option<&'a [u8]> {
+        let rest = &self.buf[self.pos..];
+        let (head, len) = match *rest.first()? {
+            b @ 0xa0..=0xbf => (1, usize::from(b & 0x1f)),
+            0xd9 => (2, usize::from(*rest.get(1)?)),
+            _ => return None,
+        };
+        let bytes = rest.get(head..head + len)?;
+        self.pos += head + len;
+        Some(bytes)
     }
 
     /// Reads an unsigned integer if the next item is one, without the
@@ -435,6 +457,24 @@ mod tests {
             assert_eq!(Reader::new(other).u32s_fast(1, &mut tokens), 0);
             let mut r = Reader::new(other);
             assert_eq!(r.uint_fast(), None);
+            assert_eq!(r.pos(), 0);
+        }
+    }
+
+    #[test]
+    fn short_str_fast_agrees_with_next_and_leaves_other_items() {
+        let long = [&[0xd9, 40][..], &[b'x'; 40]].concat();
+        let bytes = [&[0xa0][..], &[0xa3, b'G', b'P', b'U'], &long].concat();
+        let (mut fast, mut slow) = (Reader::new(&bytes), Reader::new(&bytes));
+        while slow.remaining() > 0 {
+            let Item::Str(v) = slow.next().unwrap() else { panic!() };
+            assert_eq!(fast.short_str_fast(), Some(v));
+            assert_eq!(fast.pos(), slow.pos());
+        }
+        // Other items, longer headers and truncated strings: not taken, not advanced.
+        for other in [&[0xda, 0, 1, b'a'][..], &[0xc0], &[0x91, 0xa0], &[0xa3, b'G'], &[0xd9], &[0xd9, 2, b'a'], &[]] {
+            let mut r = Reader::new(other);
+            assert_eq!(r.short_str_fast(), None, "{other:?}");
             assert_eq!(r.pos(), 0);
         }
     }
