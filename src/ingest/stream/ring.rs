@@ -1,0 +1,439 @@
+//! Asking the ring, for a stream: starting a fill or a gap's replay,
+//! checking the ring's first answer against the watermark (or a gap's
+//! trigger when the ring rolled past the watermark), applying what it
+//! sends, asking again after holes or silence, and ending the request. The
+//! rules are in the module doc of `stream`.
+
+use std::sync::atomic::Ordering;
+
+use super::ask::Ask;
+use super::{Conns, Cx, Phase, Port, Source, Stream};
+use crate::ingest::config::REPLAY_RETRIES_MAX;
+use crate::ingest::decode::Batch;
+use crate::ingest::sequencer::Verdict;
+
+impl Stream {
+    pub(super) fn ask(&self) -> Option<&Ask> {
+        match &self.phase {
+            Phase::Filling(ask) | Phase::Replaying(ask) => Some(ask),
+            _ => None,
+        }
+    }
+
+    pub(super) fn ask_mut(&mut self) -> Option<&mut Ask> {
+        match &mut self.phase {
+            Phase::Filling(ask) | Phase::Replaying(ask) => Some(ask),
+            _ => None,
+        }
+    }
+
+    /// Ends a running ask at once (`Live`), returning its phase.
+    pub(super) fn take_ask(&mut self, cx: &Cx, port: &mut dyn Port) -> Phase {
+        if !self.asking() {
+            return Phase::Live;
+        }
+        port.stop_asking();
+        let mut phase = std::mem::replace(&mut self.phase, Phase::Live);
+        if let Phase::Filling(ask) | Phase::Replaying(ask) = &mut phase {
+            release(cx, &ask.rolled.take().unwrap_or_default());
+        }
+        phase
+    }
+
+    /// Asks the ring for everything past the watermark (`Filling`); stays
+    /// `FillDue` if the request cannot be made (asked again at the next input).
+    pub(super) fn start_fill(&mut self, cx: &Cx, port: &mut dyn Port) {
+        let Some(ring) = self.ring.clone() else {
+            self.phase = Phase::Live;
+            return;
+        };
+        if self.seq.last().is_some() && self.seq.anchor().is_none() {
+            // No batch of the stream has a digest to check the ring by: its
+            // process cannot be told, so the stream starts over from the ring.
+            cx.bump(&cx.counters.resyncs, 1);
+            self.log.warn(|| format!("{ring}: nothing to check its ring by; clearing its workers and filling from 0"));
+            self.start_over(cx, port, self.latest);
+        }
+        let verify = self.seq.anchor();
+        let last = self.seq.last();
+        // Held live batches past the watermark: the first bounds the fill
+        // (the live stream has it and what follows). From 0, only a batch of
+        // the connection the ring is taken to be bounds it.
+        let to = self
+            .held
+            .iter()
+            .filter(|b| verify.is_some() || b.conn == self.latest)
+            .map(|b| b.seq)
+            .find(|&seq| last.is_none_or(|last| seq > last));
+        if last.is_none() && to == Some(0) && self.held.iter().all(|b| b.conn == self.latest) {
+            // The live stream has the ring's whole content.
+            self.phase = Phase::Live;
+            return self.advance(cx, port);
+        }
+        let from = verify.map_or(0, |w| w.seq);
+        match port.ask(from) {
+            Ok(()) => {
+                cx.bump(&cx.counters.ring_fills, 1);
+                crate::debug!("asked {ring} for its ring from batch {from}");
+                if !self.held.is_empty() {
+                    self.held.waiting_since.get_or_insert(cx.now);
+                }
+                self.phase = Phase::Filling(Ask::new(self.latest, verify, to, cx.now));
+            }
+            Err(e) => {
+                cx.shared.set_error(e.clone());
+                self.log.warn(|| e);
+            }
+        }
+    }
+
+    /// Asks the ring for the batches up to `to` (`Replaying`), from the
+    /// watermark; false without a ring or when the request cannot be made.
+    pub(super) fn start_replay(&mut self, cx: &Cx, port: &mut dyn Port, to: u64) -> bool {
+        let Some(ring) = self.ring.as_deref() else { return false };
+        let verify = self.seq.anchor();
+        if self.seq.last().is_some() && verify.is_none() {
+            // Nothing to check the ring by: its answer could be another process's.
+            return false;
+        }
+        let from = verify.map_or(0, |w| w.seq);
+        cx.bump(&cx.counters.replays_started, 1);
+        match port.ask(from) {
+            Ok(()) => {
+                crate::debug!("asked {ring} to replay batches {from}..{to}");
+                self.held.waiting_since.get_or_insert(cx.now);
+                self.phase = Phase::Replaying(Ask::new(self.latest, verify, Some(to), cx.now));
+                true
+            }
+            Err(e) => {
+                cx.bump(&cx.counters.replays_failed, 1);
+                cx.shared.set_error(e.clone());
+                self.log.warn(|| e);
+                false
+            }
+        }
+    }
+
+    /// The ring answered a stream with no watermark (so nothing to check
+    /// the answer against): it starts the stream, on the connection the ask
+    /// was made on (its process is the one that connection reaches), and an
+    /// older connection's held batches are not known to be its. A gap's
+    /// replay whose trigger was one of them is a fill from 0 now.
+    pub(super) fn start_on_ring(&mut self, cx: &Cx) {
+        let Some(conn) = self.ask().map(|ask| ask.conn) else { return };
+        self.proven = Some(Conns { since: conn, upto: conn });
+        let dropped = self.held.drop_unless(cx.held, |b| b.conn >= conn);
+        self.drop_dead(cx, dropped);
+        if dropped > 0 && matches!(self.phase, Phase::Replaying(_)) {
+            if let Phase::Replaying(mut ask) = std::mem::replace(&mut self.phase, Phase::Live) {
+                ask.to = self.held.iter().map(|b| b.seq).next();
+                self.phase = Phase::Filling(ask);
+            }
+        }
+    }
+
+    pub(super) fn on_replayed(&mut self, cx: &Cx, port: &mut dyn Port, batch: Batch) {
+        let replaying = matches!(self.phase, Phase::Replaying(_));
+        let trigger = self.held.iter().next().map(|b| (b.seq, b.digest));
+        let Some(ask) = self.ask_mut() else { return };
+        if let Some(expect) = ask.verify {
+            if batch.seq < expect.seq {
+                // A ring that answers from further back than asked.
+                return cx.bump(&cx.counters.duplicates_dropped, 1);
+            }
+            if batch.seq == expect.seq && expect.digest == Some(batch.digest) {
+                // Our batch, as we applied it: the engine has been one
+                // process since, on every connection up to the ask's.
+                ask.verify = None;
+                let conn = ask.conn;
+                self.proven = Some(Conns { since: self.proven.map_or(1, |c| c.since), upto: conn });
+                return;
+            }
+            let to = ask.to.unwrap_or(0);
+            if !(replaying && batch.seq > expect.seq && batch.seq <= to && trigger.is_some_and(|t| t.0 == to)) {
+                return self.another_process(cx, port, Some(batch.seq));
+            }
+            // Rolled past the watermark, or another process: the ring's
+            // copy of the gap's trigger, which came on a proven connection,
+            // will tell.
+            ask.verify = None;
+            ask.rolled = Some(Vec::new());
+        }
+        if ask.rolled.is_some() {
+            return self.on_rolled(cx, port, batch, trigger);
+        }
+        self.apply_replayed(cx, port, batch);
+    }
+
+    /// A reply to a gap's replay whose ring started past the watermark:
+    /// kept until the ring's copy of the trigger, which says whether the
+    /// ring is the live process's (then the part it still holds is
+    /// replayed and the rest given up) or not (the gap is given up whole).
+    fn on_rolled(&mut self, cx: &Cx, port: &mut dyn Port, batch: Batch, trigger: Option<(u64, u64)>) {
+        let Some(ask) = self.ask_mut() else { return };
+        let to = ask.to.unwrap_or(0);
+        let Some(kept) = ask.rolled.as_mut() else { return };
+        if batch.seq < to {
+            if kept.last().is_some_and(|b| b.seq >= batch.seq) {
+                return cx.bump(&cx.counters.duplicates_dropped, 1);
+            }
+            if kept.len() >= cx.cfg.replay_batches_max || cx.held.bytes.get() + batch.bytes() > cx.cfg.held_bytes_max {
+                // Too much to keep: the gap is given up whole.
+                ask.overflowed = true;
+                return;
+            }
+            cx.held.bytes.set(cx.held.bytes.get() + batch.bytes());
+            cx.held.gauge.fetch_add(1, Ordering::Relaxed);
+            kept.push(batch);
+            return;
+        }
+        let kept = ask.rolled.take().unwrap_or_default();
+        release(cx, &kept);
+        if batch.seq != to || trigger != Some((to, batch.digest)) {
+            return self.another_process(cx, port, Some(batch.seq));
+        }
+        // The ring is the live process's, rolled past the watermark: what
+        // it no longer holds is lost, the rest is replayed.
+        let first = kept.first().map_or(to, |b| b.seq);
+        let next = self.seq.last().map_or(0, |last| last + 1);
+        if next < first {
+            if let Some(ask) = self.ask_mut() {
+                ask.missing += first - next;
+            }
+            self.give_up(cx, port, (next, first), false, "rolled out of the ring", None);
+        }
+        for b in kept {
+            if !self.asking() {
+                break;
+            }
+            self.apply_replayed(cx, port, b);
+        }
+        if self.asking() {
+            self.finish(cx, port);
+        }
+    }
+
+    /// Applies a replayed batch that needs no more checking, in order.
+    fn apply_replayed(&mut self, cx: &Cx, port: &mut dyn Port, batch: Batch) {
+        let Some(ask) = self.ask_mut() else { return };
+        if ask.past_end(batch.seq) {
+            // Replies come in seq order: everything below `to` has been sent.
+            return self.ended(cx, port);
+        }
+        let (to, conn, from) = (ask.to, ask.conn, ask.from);
+        let source = match self.phase {
+            Phase::Filling(_) => Source::Fill { from, conn },
+            _ => Source::Replay,
+        };
+        match self.seq.judge_replayed(batch.seq) {
+            Verdict::Apply => {}
+            Verdict::Gap { from, fresh, .. } => {
+                // Lost in transit (asked again), or the ring no longer holds
+                // `from..seq`.
+                if self.retry(cx, port) {
+                    return;
+                }
+                if let Some(ask) = self.ask_mut() {
+                    ask.missing += batch.seq - from;
+                }
+                self.give_up(cx, port, (from, batch.seq), fresh, "lost", None);
+            }
+            Verdict::Duplicate | Verdict::Restart | Verdict::Rejoin => {
+                return cx.bump(&cx.counters.duplicates_dropped, 1);
+            }
+        }
+        let seq = batch.seq;
+        self.apply(cx, port, batch, source);
+        if let Some(ask) = self.ask_mut() {
+            ask.note_applied(seq);
+        }
+        if to.is_some_and(|to| self.seq.last() == Some(to - 1)) {
+            self.finish(cx, port);
+        }
+    }
+
+    /// Whether a fill has nothing left to add: the live stream has the
+    /// batch after the watermark.
+    pub(super) fn fill_reached_live(&self) -> bool {
+        let next = self.seq.last().map_or(0, |last| last + 1);
+        match &self.phase {
+            Phase::Filling(ask) => ask.verify.is_none() && ask.to.is_some_and(|to| next >= to),
+            _ => false,
+        }
+    }
+
+    /// The ring's first answer was not our batch `last` (`found`: the seq
+    /// it started with; None: nothing from there). A fill clears the
+    /// workers and starts the stream again on the ask's connection, from 0;
+    /// a gap's replay gives the gap up.
+    pub(super) fn another_process(&mut self, cx: &Cx, port: &mut dyn Port, found: Option<u64>) {
+        let phase = self.take_ask(cx, port);
+        let (Phase::Filling(ask) | Phase::Replaying(ask)) = &phase else { return };
+        let last = ask.verify.map_or(ask.from, |w| w.seq);
+        let ring = self.ring.as_deref().unwrap_or("");
+        // Another batch `last`, or nothing from there (a ring keeps the
+        // newest batches, so the same process's ring holds `last` or later),
+        // is another process. A ring that starts past `last` may be the
+        // same process's, rolled past the watermark.
+        let (what, restart) = match found {
+            Some(seq) if seq == last => (format!("another batch {last}"), true),
+            Some(seq) => (format!("batch {seq} first"), false),
+            None => ("nothing from there".to_string(), true),
+        };
+        if let Phase::Replaying(ask) = phase {
+            cx.bump(&cx.counters.replays_failed, 1);
+            let next = self.seq.last().map_or(0, |last| last + 1);
+            let to = ask.to.unwrap_or(next);
+            self.log
+                .warn(|| format!("ring {ring} holds {what}, not our batch {last}: the gap {next}..{to} is not in it"));
+            if next < to {
+                self.give_up(cx, port, (next, to), false, "unreplayable", None);
+            }
+            return self.advance(cx, port);
+        }
+        cx.bump(if restart { &cx.counters.restarts } else { &cx.counters.resyncs }, 1);
+        self.log.warn(|| {
+            format!(
+                "ring {ring} holds {what}, not our batch {last}: a new process (or a ring past our watermark); \
+                 clearing its workers and filling from 0"
+            )
+        });
+        self.start_over(cx, port, ask.conn);
+        self.phase = Phase::FillDue;
+        self.advance(cx, port);
+    }
+
+    /// The stream's process is gone or cannot be told: its workers are
+    /// cleared, its watermark forgotten, and it starts again on connection
+    /// `conn`, whose older connections' held batches are dropped.
+    fn start_over(&mut self, cx: &Cx, port: &mut dyn Port, conn: u32) {
+        self.clear_workers(port);
+        self.seq.reset();
+        self.proven = Some(Conns { since: conn, upto: conn });
+        let dropped = self.held.drop_unless(cx.held, |b| b.conn >= conn);
+        self.drop_dead(cx, dropped);
+    }
+
+    /// The replies stopped (end marker, a reply past the range, a pause):
+    /// if some of the range is still missing, ask again while that can
+    /// help; otherwise finish.
+    pub(super) fn ended(&mut self, cx: &Cx, port: &mut dyn Port) {
+        let next = self.seq.last().map_or(0, |last| last + 1);
+        let short = self.ask().is_some_and(|ask| ask.to.is_none_or(|to| next < to));
+        if short && self.retry(cx, port) {
+            return;
+        }
+        self.finish(cx, port);
+    }
+
+    /// Asks the ring again, from the watermark reached (checked first, as
+    /// the first request was), if the current request made progress and
+    /// retries are left; false when it did not.
+    pub(super) fn retry(&mut self, cx: &Cx, port: &mut dyn Port) -> bool {
+        if !self.ask().is_some_and(|ask| ask.progressed()) {
+            return false;
+        }
+        self.reask(cx, port)
+    }
+
+    /// Asks the ring again as `retry` does, whatever the current request
+    /// delivered, if retries are left.
+    pub(super) fn reask(&mut self, cx: &Cx, port: &mut dyn Port) -> bool {
+        let (anchor, any) = (self.seq.anchor(), self.seq.last().is_some());
+        let Some(ask) = self.ask_mut() else { return false };
+        // An unanswered check stays what it was; one passed is made again
+        // from where the stream is now.
+        let verify = ask.verify.or(anchor);
+        if ask.retries >= REPLAY_RETRIES_MAX || (any && verify.is_none()) {
+            return false;
+        }
+        let from = verify.map_or(0, |w| w.seq);
+        match port.ask(from) {
+            Ok(()) => {
+                ask.retried(cx.now);
+                ask.verify = verify;
+                let kept = ask.rolled.take().unwrap_or_default();
+                release(cx, &kept);
+                let Some(ask) = self.ask_mut() else { return true };
+                let retries = ask.retries;
+                crate::debug!("asked {} again, from batch {from} (retry {retries})", self.endpoint);
+                true
+            }
+            Err(e) => {
+                self.log.warn(|| e);
+                false
+            }
+        }
+    }
+
+    /// Ends the ask: a gap's batches that did not arrive are given up, the
+    /// outcome is counted, and held batches are judged.
+    pub(super) fn finish(&mut self, cx: &Cx, port: &mut dyn Port) {
+        let phase = self.take_ask(cx, port);
+        let next = self.seq.last().map_or(0, |last| last + 1);
+        match phase {
+            Phase::Replaying(ask) => {
+                let mut missing = ask.missing;
+                if let Some(to) = ask.to.filter(|&to| next < to) {
+                    missing += to - next;
+                    let fresh = self.seq.last().is_none();
+                    self.give_up(cx, port, (next, to), fresh, "lost", None);
+                }
+                self.replay_done(cx, &ask, missing);
+            }
+            // What a fill bounded by a live batch did not get is left to the
+            // live rules: that batch, judged next, shows a gap like any other.
+            Phase::Filling(ask) => self.fill_done(cx, &ask),
+            _ => return,
+        }
+        self.advance(cx, port);
+    }
+
+    /// Counts and logs a fill: one line per fill.
+    fn fill_done(&self, cx: &Cx, ask: &Ask) {
+        cx.bump(&cx.counters.batches_filled, ask.applied);
+        let got = match ask.applied_seqs {
+            Some((first, last)) => format!("{} batches ({first}..={last})", ask.applied),
+            None => "nothing".to_string(),
+        };
+        let asked = match ask.to {
+            Some(to) => format!("{}..{to}", ask.from),
+            None => format!("{}..", ask.from),
+        };
+        let lost =
+            if ask.missing > 0 { format!("; {} batches were no longer there", ask.missing) } else { String::new() };
+        let late = if ask.silent(cx.now, cx.timeout()) { "; timed out" } else { "" };
+        let ring = self.ring.as_deref().unwrap_or("");
+        crate::info!("listener {}: filled {got} from its ring {ring}, asked for {asked}{lost}{late}", cx.shared.label);
+    }
+
+    /// Counts and logs a gap's replay.
+    fn replay_done(&mut self, cx: &Cx, ask: &Ask, missing: u64) {
+        cx.bump(&cx.counters.batches_replayed, ask.applied);
+        let outcome = if missing == 0 {
+            &cx.counters.replays_ok
+        } else if ask.applied > 0 {
+            &cx.counters.replays_partial
+        } else {
+            &cx.counters.replays_failed
+        };
+        cx.bump(outcome, 1);
+        let (from, to, applied) = (ask.first, ask.to.unwrap_or(ask.first), ask.applied);
+        let (live, ring) = (&self.endpoint, self.ring.as_deref().unwrap_or(""));
+        if missing > 0 {
+            self.gap_log.warn(|| format!("replay of {from}..{to} from {ring} missed {missing} batches"));
+        } else {
+            // The stream is whole again: an earlier replay's error is history.
+            cx.shared.clear_replay_error();
+            self.gap_log.info(|| {
+                format!("gap {from}..{to} in the stream of {live} recovered: {applied} batches replayed from {ring}")
+            });
+        }
+    }
+}
+
+/// Gives back what batches kept from a ring held of the thread's budget.
+fn release(cx: &Cx, kept: &[Batch]) {
+    cx.held.bytes.set(cx.held.bytes.get() - kept.iter().map(Batch::bytes).sum::<usize>());
+    cx.held.gauge.fetch_sub(kept.len() as u64, Ordering::Relaxed);
+}
