@@ -9,7 +9,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use kv_indexer::ingest::{EventSink, Ingest, IngestConfig, IngestError, ListenerSpec, ListenerStatus};
-use kv_indexer::WorkerId;
+use kv_indexer::{StorageTier, WorkerId};
 use support::harness::{assert_converges, listener_of, settle, spec_for, test_config};
 use support::model_sink::ModelSink;
 use support::publisher::{PublisherConfig, TestPublisher};
@@ -86,23 +86,32 @@ fn a_closed_ready_gate_holds_batches_in_order_until_opened() {
 }
 
 #[test]
-fn held_batches_past_the_byte_limit_are_dropped_and_counted() {
-    // No batch fits in one byte: everything that arrives while the gate is
-    // closed is dropped, and the ring fill when it opens recovers it (the
-    // first live batch after it bounds the fill and is kept).
+fn held_batches_past_a_streams_share_of_the_budget_are_dropped_and_counted() {
+    // A 1 MiB budget lets one stream hold 64 KiB: most of 40 stores of 200
+    // blocks each, sent while the gate is closed, are dropped; the ring
+    // fill when it opens recovers them.
     let worker = WorkerId::new(32, 0);
-    let (ingest, mut publisher, sink) = paused_listener(IngestConfig { held_bytes_max: 1, ..test_config() }, worker);
-    publisher.publish_random(25);
-    assert!(wait_until(|| ingest.counters().held_dropped == 25));
-    assert_eq!(ingest.counters().held_batches, 0);
+    let (ingest, mut publisher, sink) =
+        paused_listener(IngestConfig { budget_bytes: 1 << 20, ..test_config() }, worker);
+    for _ in 0..40 {
+        let store = publisher.new_store(StorageTier::Device, None, 200);
+        publisher.publish(vec![store]);
+    }
+    assert!(wait_until(|| {
+        let c = ingest.counters();
+        c.held_batches + c.held_dropped == 40
+    }));
+    let c = ingest.counters();
+    assert!(c.held_dropped > 0 && c.held_batches > 0, "{c:?}");
+    assert!(c.budget_bytes <= 64 << 10, "held past the stream's share: {c:?}");
     assert_eq!(sink.workers(), vec![], "applied while the gate was closed");
 
     ingest.open_ready_gate();
     publisher.publish_random(1);
     assert_converges(&sink, worker, &publisher);
     let c = ingest.counters();
-    assert_eq!((c.held_batches, c.held_dropped, c.batches_filled, c.batches_applied), (0, 25, 25, 26));
-    assert_eq!((c.ring_fills, c.replays_started, c.batches_lost), (1, 0, 0));
+    assert_eq!((c.held_batches, c.batches_lost, c.resyncs), (0, 0, 0), "{c:?}");
+    assert!(wait_until(|| ingest.counters().budget_bytes == 0), "{:?}", ingest.counters());
     ingest.shutdown();
 }
 

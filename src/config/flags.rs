@@ -128,6 +128,10 @@ pub(crate) const FLAGS: &[Flag] = &[
          never",
         num(0, crate::ingest::ENGINE_GONE_S_MAX, |p, n| p.cfg.engine_gone_s = n))
         .env(&["KV_INDEXER_ENGINE_GONE_S"]),
+    flag("--ingest-budget-mib", "N", "128",
+        "MiB of engine batches received and not yet applied, all engines together; past it live batches \
+         are dropped and replayed from the engines' rings",
+        num(1, crate::ingest::BUDGET_MIB_MAX as u64, |p, n| p.cfg.ingest_budget_mib = n as usize)),
     flag("--body-limit-bytes", "N", "16777216", "largest request body",
         num(1024, 1 << 30, |p, n| p.cfg.http.body_limit_bytes = n as usize)),
     flag("--jump", "N", "64", "positions per jump of the index search",

@@ -45,6 +45,8 @@ pub struct Config {
     pub heartbeat_ms: i32,
     /// Seconds an engine may stay unreachable before its workers are cleared; 0: never.
     pub engine_gone_s: u64,
+    /// MiB of engine batches received and not yet applied, daemon-wide.
+    pub ingest_budget_mib: usize,
     /// Positions per jump of the index search.
     pub jump: usize,
     /// Readiness waits until this many workers are registered.
@@ -92,6 +94,7 @@ impl Default for Config {
             ingest_coalesce_us: None,
             heartbeat_ms: crate::ingest::HEARTBEAT_MS_DEFAULT,
             engine_gone_s: crate::ingest::ENGINE_GONE_S_DEFAULT,
+            ingest_budget_mib: crate::ingest::BUDGET_MIB_DEFAULT,
             jump: crate::index::JUMP_DEFAULT,
             min_initial_workers: 0,
             slow_joiner_ms: 1_000,

@@ -134,6 +134,7 @@ fn start_ingest(cfg: &Config, recovering: bool) -> Result<Arc<Ingest>, String> {
         replay_timeout_ms: cfg.replay_timeout_ms,
         heartbeat_ivl_ms: cfg.heartbeat_ms,
         engine_gone_ms: cfg.engine_gone_s * 1_000,
+        budget_bytes: cfg.ingest_budget_mib << 20,
         ready_gate_open: !recovering,
         ..IngestConfig::default()
     };

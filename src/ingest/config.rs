@@ -40,6 +40,15 @@ pub const CONNECT_LOG_INTERVAL_MS: u64 = 30_000;
 /// Longest `last_error` kept per listener, in bytes.
 pub const LAST_ERROR_LEN_MAX: usize = 512;
 
+/// Default of `IngestConfig::budget_bytes`, in MiB.
+pub const BUDGET_MIB_DEFAULT: usize = 128;
+/// Largest `IngestConfig::budget_bytes` accepted, in MiB.
+pub const BUDGET_MIB_MAX: usize = 1 << 20;
+/// Most replies a ring request's socket queues unread: an engine's ROUTER
+/// drops what overflows its own pipe (1,000 by default) anyway, and what
+/// is dropped is asked for again.
+pub const RING_PIPE_BATCHES: usize = 1_024;
+
 /// Default of `IngestConfig::heartbeat_ivl_ms`.
 pub const HEARTBEAT_MS_DEFAULT: i32 = 2_500;
 /// Largest `IngestConfig::heartbeat_ivl_ms` accepted.
@@ -73,9 +82,10 @@ pub struct IngestConfig {
     /// Live batches one listener holds while a replay runs or the ready gate
     /// is closed; beyond this the newest are dropped and show up as a gap.
     pub held_batches_max: usize,
-    /// Bytes of decoded live batches one listener thread holds, over all its
-    /// listeners; beyond this the newest are dropped as above.
-    pub held_bytes_max: usize,
+    /// Bytes of batches received and not yet applied, daemon-wide (held,
+    /// kept from a ring, queued to shards): see `budget.rs` for what
+    /// happens at it. The sockets' receive queues are sized from it too.
+    pub budget_bytes: usize,
     /// ZMQ receive high-water mark of each SUB socket, in messages.
     pub sub_rcvhwm_batches: i32,
     /// Wait before the next connection attempt after one failed or dropped,
@@ -111,7 +121,7 @@ impl Default for IngestConfig {
             replay_timeout_ms: 2_000,
             replay_batches_max: 16_384,
             held_batches_max: 16_384,
-            held_bytes_max: 256 << 20,
+            budget_bytes: BUDGET_MIB_DEFAULT << 20,
             sub_rcvhwm_batches: 100_000,
             reconnect_ivl_ms: 100,
             reconnect_ivl_max_ms: 5_000,
@@ -144,7 +154,7 @@ impl IngestConfig {
             (self.replay_timeout_ms > 0, "replay_timeout_ms must be at least 1"),
             (self.replay_batches_max > 0, "replay_batches_max must be at least 1"),
             (self.held_batches_max > 0, "held_batches_max must be at least 1"),
-            (self.held_bytes_max > 0, "held_bytes_max must be at least 1"),
+            (self.budget_bytes >= 1 << 20, "budget_bytes must be at least 1 MiB"),
             (self.sub_rcvhwm_batches > 0, "sub_rcvhwm_batches must be at least 1"),
             (
                 self.reconnect_ivl_ms > 0 && self.reconnect_ivl_max_ms >= 0,

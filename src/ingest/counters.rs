@@ -21,6 +21,9 @@ macro_rules! counters {
             pub shard_queue_depths: Vec<usize>,
             /// Batches held by listeners right now (replay in flight or gate closed).
             pub held_batches: u64,
+            /// Bytes of batches received and not yet applied, and the budget for them.
+            pub budget_bytes: u64,
+            pub budget_bytes_max: u64,
             /// Events skipped while converting, by reason.
             pub skips: Vec<(&'static str, u64)>,
         }
@@ -83,6 +86,9 @@ counters! {
     resyncs,
     /// Live batches dropped because a listener's hold buffer was full.
     held_dropped,
+    /// Live batches dropped undecoded because the ingest budget was spent
+    /// (each a gap its stream asks the engine's ring for).
+    budget_dropped,
     /// Live batches dropped because they came on a connection to a process
     /// found gone (the engine restarted, or was gone past `engine_gone_ms`).
     dead_process_dropped,

@@ -5,6 +5,7 @@
 //! received into reused ZMQ frames (`Frames`): a read copies and allocates
 //! nothing before the decode.
 
+use super::budget::Charge;
 use crate::wire::{self, RawEvent, ReplayReply, REPLAY_END_SEQ};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -25,6 +26,9 @@ pub(crate) struct Batch {
     /// The connection a live batch came on (the listener sets it; 0 for a
     /// ring's reply, which the stream judges by what it asked).
     pub conn: u32,
+    /// Its bytes, charged to the ingest budget until it is applied or
+    /// dropped (the listener charges it once decoded).
+    pub charge: Charge,
 }
 
 impl Batch {
@@ -72,6 +76,11 @@ impl Frames {
         }
     }
 
+    /// Bytes of the last message, every frame together (before decoding).
+    pub(crate) fn bytes(&self) -> usize {
+        self.parts[..self.len.min(FRAMES_KEPT_MAX)].iter().map(|m| m.len()).sum()
+    }
+
     /// The frames of the last message; `Err` if it had more than any valid one.
     fn get(&self) -> Result<&[zmq::Message], String> {
         if self.len > FRAMES_KEPT_MAX {
@@ -104,8 +113,24 @@ pub(crate) fn decode_reply(frames: &Frames) -> Result<Option<Batch>, String> {
 fn decode_batch(seq: u64, payload: &[u8]) -> Batch {
     let digest = xxh3_64(payload);
     match wire::decode_payload(payload) {
-        Ok(d) => Batch { seq, ts: d.timestamp, dp_rank: d.dp_rank, events: Ok(d.events), digest, conn: 0 },
-        Err(e) => Batch { seq, ts: f64::NAN, dp_rank: None, events: Err(e.to_string()), digest, conn: 0 },
+        Ok(d) => Batch {
+            seq,
+            ts: d.timestamp,
+            dp_rank: d.dp_rank,
+            events: Ok(d.events),
+            digest,
+            conn: 0,
+            charge: Charge::default(),
+        },
+        Err(e) => Batch {
+            seq,
+            ts: f64::NAN,
+            dp_rank: None,
+            events: Err(e.to_string()),
+            digest,
+            conn: 0,
+            charge: Charge::default(),
+        },
     }
 }
 

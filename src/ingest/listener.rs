@@ -28,14 +28,15 @@
 //! batching window (see `outbox.rs` for how batches meet a busy shard).
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
 use rustc_hash::FxHashMap;
 
-use super::config::{IngestConfig, CONNECT_ATTEMPT_MS, RECV_BURST_MAX};
+use super::budget::{Budget, Charge};
+use super::config::{IngestConfig, CONNECT_ATTEMPT_MS, RECV_BURST_MAX, RING_PIPE_BATCHES};
 use super::connection::Connection;
 use super::counters::Counters;
 use super::decode::{decode_live, decode_reply, Batch, Frames};
@@ -101,6 +102,12 @@ pub(crate) struct ThreadCtx {
     pub frames: RefCell<Frames>,
     /// What this thread's listeners hold.
     pub held: HeldAccount,
+    /// The daemon's budget for batches received and not yet applied.
+    pub budget: Arc<Budget>,
+    /// Listeners running, on every thread (they share the budget).
+    pub listeners: Arc<AtomicUsize>,
+    /// Drops at the budget: one line per `BUDGET_LOG_INTERVAL_MS`.
+    pub budget_log: RefCell<LogLimiter>,
     pub gate_open: Arc<AtomicBool>,
     pub shutdown: Arc<AtomicBool>,
     /// Rung after a control message is queued, the gate opens, or shutdown.
@@ -122,9 +129,9 @@ struct Wire<'a> {
 }
 
 impl Port for Wire<'_> {
-    fn apply(&mut self, worker: WorkerId, events: Vec<RawEvent>, ts: f64) -> bool {
+    fn apply(&mut self, worker: WorkerId, events: Vec<RawEvent>, ts: f64, charge: Charge) -> bool {
         let (block_size, sink) = (self.spec.block_size, Arc::clone(&self.spec.sink));
-        self.t.to_shard(worker, ShardMsg::Batch { worker, block_size, sink, events, ts })
+        self.t.to_shard(worker, ShardMsg::Batch { worker, block_size, sink, events, ts, charge })
     }
 
     fn clear(&mut self, worker: WorkerId) {
@@ -135,7 +142,8 @@ impl Port for Wire<'_> {
         let Some(endpoint) = self.spec.replay_endpoint.as_deref() else {
             return Err(format!("{} has no replay endpoint", self.spec.endpoint));
         };
-        *self.replay = Some(replay::request(&self.t.ctx, endpoint, from, self.t.cfg.replay_batches_max)?);
+        let queue = self.t.cfg.replay_batches_max.min(RING_PIPE_BATCHES);
+        *self.replay = Some(replay::request(&self.t.ctx, endpoint, from, queue)?);
         Ok(())
     }
 
@@ -178,6 +186,15 @@ struct Listener {
     /// The monitor was read short of `EAGAIN` (at its burst cap): look again.
     monitor_more: bool,
     log: LogLimiter,
+}
+
+/// What one read of a SUB socket got.
+enum Read {
+    Nothing,
+    /// A message, dropped because the ingest budget is spent.
+    OverBudget,
+    /// A message, decoded, and the connection it came on.
+    Message(Result<Batch, String>, u32),
 }
 
 /// Token kinds, the low two bits of a poll token (the listener id above
@@ -475,6 +492,7 @@ impl Listener {
             cfg: &t.cfg,
             counters: &t.counters,
             held: &t.held,
+            budget: &t.budget,
             shared: &self.shared,
             gate_open: t.gate_open.load(Ordering::Acquire),
             now,
@@ -512,7 +530,8 @@ impl Listener {
 
     /// Makes the next connection attempt.
     fn reopen(&mut self, t: &ThreadCtx, poller: &Poller, now: Instant, hot: &mut Vec<u64>) {
-        match Subscriber::open(&t.ctx, &t.cfg, &self.monitor_base, self.conns + 1, &self.spec.endpoint) {
+        let listeners = t.listeners.load(Ordering::Relaxed);
+        match Subscriber::open(&t.ctx, &t.cfg, (&self.monitor_base, self.conns + 1), &self.spec.endpoint, listeners) {
             Ok(sock) => self.watch(poller, sock, now, hot),
             Err(e) => {
                 let wait = self.backoff(&t.cfg);
@@ -591,24 +610,44 @@ impl Listener {
         let now = Instant::now();
         let mut stamped = false;
         for _ in 0..RECV_BURST_MAX {
-            let decoded = {
+            let read = {
                 let Some(sock) = &self.sock else { return false };
                 let mut frames = t.frames.borrow_mut();
                 if !frames.recv(&sock.sub) {
-                    None
+                    Read::Nothing
+                } else if t.budget.full(frames.bytes()) {
+                    Read::OverBudget
                 } else {
-                    Some((decode_live(&frames), sock.conn))
+                    Read::Message(decode_live(&frames), sock.conn)
                 }
             };
-            let Some((decoded, conn)) = decoded else {
-                if self.closing {
-                    self.close_attempt(t, poller, now);
+            let (decoded, conn) = match read {
+                Read::Message(decoded, conn) => (decoded, conn),
+                Read::OverBudget => {
+                    // Dropped undecoded: a gap its stream asks the ring
+                    // for once there is room again.
+                    t.counters.budget_dropped.fetch_add(1, Ordering::Relaxed);
+                    let mib = t.budget.bytes_max() >> 20;
+                    t.budget_log.borrow_mut().warn(|| {
+                        format!(
+                            "ingest budget spent ({mib} MiB of batches received and not yet applied): dropping live \
+                             batches, to be replayed from the engines' rings; raise --ingest-budget-mib or give the \
+                             daemon CPU"
+                        )
+                    });
+                    continue;
                 }
-                return false;
+                Read::Nothing => {
+                    if self.closing {
+                        self.close_attempt(t, poller, now);
+                    }
+                    return false;
+                }
             };
             match decoded {
                 Ok(mut batch) => {
                     batch.conn = conn;
+                    batch.charge = t.budget.charge(batch.bytes());
                     t.counters.batches_received.fetch_add(1, Ordering::Relaxed);
                     self.shared.batches_received.fetch_add(1, Ordering::Relaxed);
                     if !std::mem::replace(&mut stamped, true) {
@@ -639,8 +678,9 @@ impl Listener {
                 decode_reply(&frames)
             };
             match decoded {
-                Ok(reply) => {
-                    if let Some(batch) = &reply {
+                Ok(mut reply) => {
+                    if let Some(batch) = &mut reply {
+                        batch.charge = t.budget.charge(batch.bytes());
                         self.note_undecodable(t, batch);
                     }
                     self.drive(t, now, |s, cx, p| s.reply(cx, p, reply));

@@ -147,6 +147,7 @@
 //! cleared, see dead engines). Endpoints ZMQ cannot parse are rejected by
 //! `add_listener`.
 
+mod budget;
 mod config;
 mod connection;
 mod counters;
@@ -169,8 +170,8 @@ mod subscriber;
 mod zmq_context;
 
 pub use config::{
-    IngestConfig, BLOCK_SIZE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, ENGINE_GONE_S_DEFAULT,
-    ENGINE_GONE_S_MAX, HEARTBEAT_MS_DEFAULT, HEARTBEAT_MS_MAX, LISTENERS_MAX,
+    IngestConfig, BLOCK_SIZE_MAX, BUDGET_MIB_DEFAULT, BUDGET_MIB_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX,
+    ENGINE_GONE_S_DEFAULT, ENGINE_GONE_S_MAX, HEARTBEAT_MS_DEFAULT, HEARTBEAT_MS_MAX, LISTENERS_MAX,
 };
 pub use counters::IngestCounters;
 pub use lag::{EventLagCounts, EVENT_LAG_BUCKETS_S};

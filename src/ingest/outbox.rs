@@ -15,6 +15,9 @@ use std::sync::Arc;
 
 use crossbeam::channel::{Receiver, Sender};
 
+use std::time::Duration;
+
+use super::budget::Budget;
 use super::shard::{send_blocking, shard_for, Shard, ShardMsg};
 use crate::event::WorkerId;
 
@@ -38,6 +41,9 @@ pub(crate) enum Outbox {
         parked: Vec<Arc<AtomicBool>>,
         gathered: Vec<Vec<ShardMsg>>,
         shutdown: Arc<AtomicBool>,
+        /// What the shards have queued counts in it: past half of it, a
+        /// sender waits for them.
+        budget: Arc<Budget>,
     },
 }
 
@@ -46,10 +52,11 @@ impl Outbox {
         queues: Vec<Sender<ShardMsg>>,
         parked: Vec<Arc<AtomicBool>>,
         shutdown: Arc<AtomicBool>,
+        budget: Arc<Budget>,
     ) -> Outbox {
         debug_assert_eq!(queues.len(), parked.len());
         let gathered = queues.iter().map(|_| Vec::new()).collect();
-        Outbox::Queues { queues, parked, gathered, shutdown }
+        Outbox::Queues { queues, parked, gathered, shutdown, budget }
     }
 
     /// Hands `msg` to the shard that owns `worker`: handled now when this
@@ -63,13 +70,17 @@ impl Outbox {
                 shard.handle(msg);
                 true
             }
-            Outbox::Queues { queues, parked, gathered, shutdown } => {
+            Outbox::Queues { queues, parked, gathered, shutdown, budget } => {
+                let mut msg = msg;
+                if let ShardMsg::Batch { charge, .. } = &mut msg {
+                    charge.queue();
+                }
                 gathered[shard_for(worker, queues.len())].push(msg);
                 let mut sent = true;
                 for ((queue, parked), msgs) in queues.iter().zip(parked.iter()).zip(gathered.iter_mut()) {
                     let due = msgs.len() >= GATHERED_MAX || (!msgs.is_empty() && parked.load(Ordering::Relaxed));
                     if due {
-                        sent &= send_gathered(queue, msgs, shutdown);
+                        sent &= send_gathered(queue, msgs, shutdown, budget);
                     }
                 }
                 sent
@@ -86,10 +97,10 @@ impl Outbox {
                     shard.handle(msg);
                 }
             }
-            Outbox::Queues { queues, gathered, shutdown, .. } => {
+            Outbox::Queues { queues, gathered, shutdown, budget, .. } => {
                 for (queue, msgs) in queues.iter().zip(gathered) {
                     if !msgs.is_empty() {
-                        send_gathered(queue, msgs, shutdown);
+                        send_gathered(queue, msgs, shutdown, budget);
                     }
                 }
             }
@@ -97,7 +108,16 @@ impl Outbox {
     }
 }
 
-fn send_gathered(queue: &Sender<ShardMsg>, msgs: &mut Vec<ShardMsg>, shutdown: &AtomicBool) -> bool {
+fn send_gathered(queue: &Sender<ShardMsg>, msgs: &mut Vec<ShardMsg>, shutdown: &AtomicBool, budget: &Budget) -> bool {
+    // The shards are behind by half the budget: wait for them, so what they
+    // have queued stays bounded in bytes (the sockets' queues fill meanwhile,
+    // then the engines' PUB sockets drop, and the loss is a gap).
+    while budget.shards_behind() {
+        if shutdown.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let msg = match msgs.len() {
         1 => msgs.pop().unwrap_or(ShardMsg::Wake),
         _ => ShardMsg::Many(std::mem::take(msgs)),
@@ -131,7 +151,7 @@ mod tests {
     fn a_busy_shards_messages_travel_together() {
         let (tx, rx) = bounded(queue_len(4 * GATHERED_MAX));
         assert_eq!(queue_len(4 * GATHERED_MAX), 4);
-        let mut outbox = Outbox::queues(vec![tx], vec![busy()], Arc::new(AtomicBool::new(false)));
+        let mut outbox = Outbox::queues(vec![tx], vec![busy()], Arc::new(AtomicBool::new(false)), Budget::new(1 << 20));
         let worker = WorkerId::new(1, 0);
         let (done, acks) = bounded(2 * GATHERED_MAX);
         for _ in 0..3 {
@@ -157,7 +177,7 @@ mod tests {
     fn a_shard_asleep_gets_each_message_at_once() {
         let (tx, rx) = bounded(queue_len(4 * GATHERED_MAX));
         let parked = Arc::new(AtomicBool::new(true));
-        let mut outbox = Outbox::queues(vec![tx], vec![parked], Arc::new(AtomicBool::new(false)));
+        let mut outbox = Outbox::queues(vec![tx], vec![parked], Arc::new(AtomicBool::new(false)), Budget::new(1 << 20));
         let marks: Vec<Sender<()>> = (0..3).map(|_| bounded(1).0).collect();
         for (i, mark) in marks.iter().enumerate() {
             assert!(outbox.send(WorkerId::new(1, 0), ShardMsg::Sync(mark.clone())));
@@ -174,7 +194,7 @@ mod tests {
         let (sa, sb) = (shard_for(a, 2), shard_for(b, 2));
         let (queues, receivers): (Vec<_>, Vec<_>) = (0..2).map(|_| bounded(queue_len(256))).unzip();
         let parked = vec![busy(), busy()];
-        let mut outbox = Outbox::queues(queues, parked.clone(), Arc::new(AtomicBool::new(false)));
+        let mut outbox = Outbox::queues(queues, parked.clone(), Arc::new(AtomicBool::new(false)), Budget::new(1 << 20));
         let marks: Vec<Sender<()>> = (0..4).map(|_| bounded(1).0).collect();
         // Shard b is busy: its two messages wait.
         outbox.send(b, ShardMsg::Sync(marks[0].clone()));

@@ -7,14 +7,13 @@
 use super::zmq_context::{ZmqContext, ZmqSocket};
 
 /// A DEALER socket connected to `endpoint` with the request for `from..`
-/// sent; up to `batches_max` replies (and the end marker) can wait unread.
-pub(crate) fn request(ctx: &ZmqContext, endpoint: &str, from: u64, batches_max: usize) -> Result<ZmqSocket, String> {
+/// sent; up to `queue` replies (and the end marker) can wait unread: past
+/// that the engine's ROUTER drops them, and they are asked for again.
+pub(crate) fn request(ctx: &ZmqContext, endpoint: &str, from: u64, queue: usize) -> Result<ZmqSocket, String> {
     let err = |what: &str, e: zmq::Error| format!("replay {what} {endpoint}: {e}");
     let socket = ctx.socket(zmq::DEALER).map_err(|e| err("socket for", e))?;
     socket.set_linger(0).map_err(|e| err("linger on", e))?;
-    // Room for every reply we would take, so our side never adds to the
-    // drops of the engine's ROUTER however slowly we apply.
-    let hwm = i32::try_from(batches_max.saturating_add(1)).unwrap_or(i32::MAX);
+    let hwm = i32::try_from(queue.saturating_add(1)).unwrap_or(i32::MAX);
     socket.set_rcvhwm(hwm).map_err(|e| err("high-water mark on", e))?;
     socket.connect(endpoint).map_err(|e| err("connect to", e))?;
     // The pipe exists from connect on, so this queues even before the

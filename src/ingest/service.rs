@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -16,12 +16,14 @@ use crossbeam::channel::{bounded, Sender};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use super::budget::{Budget, BUDGET_LOG_INTERVAL_MS};
 use super::config::{
     IngestConfig, BLOCK_SIZE_MAX, CONTROL_QUEUE_MAX, CONTROL_TIMEOUT_MS, DP_RANKS_PER_LISTENER_MAX, LISTENERS_MAX,
 };
 use super::counters::{Counters, IngestCounters};
 use super::lag::EventLagCounts;
 use super::listener::{run_listener_thread, Control, NewListener, ThreadCtx};
+use super::log::LogLimiter;
 use super::outbox::{queue_len, Outbox};
 use super::poller::Doorbell;
 use super::sequencer::Watermark;
@@ -126,6 +128,9 @@ pub struct Ingest {
     counters: Arc<Counters>,
     skips: Arc<SkipCounters>,
     held_gauge: Arc<AtomicU64>,
+    budget: Arc<Budget>,
+    /// Listeners running, read by listener threads to size new sockets.
+    listeners_running: Arc<AtomicUsize>,
     gate_open: Arc<AtomicBool>,
     shutdown: Arc<AtomicBool>,
     cfg: IngestConfig,
@@ -171,6 +176,8 @@ impl Ingest {
         let counters = Arc::new(Counters::default());
         let skips = Arc::new(SkipCounters::default());
         let held_gauge = Arc::new(AtomicU64::new(0));
+        let budget = Budget::new(cfg.budget_bytes);
+        let listener_count_all = Arc::new(AtomicUsize::new(0));
         let gate_open = Arc::new(AtomicBool::new(cfg.ready_gate_open));
         let shutdown = Arc::new(AtomicBool::new(false));
         let cores = if cfg.pin_threads { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
@@ -208,12 +215,15 @@ impl Ingest {
                 bell: bell.clone(),
                 ctx: ctx.clone(),
                 cfg: cfg.clone(),
-                outbox: RefCell::new(
-                    local.take().unwrap_or_else(|| Outbox::queues(shards.clone(), parked.clone(), shutdown.clone())),
-                ),
+                outbox: RefCell::new(local.take().unwrap_or_else(|| {
+                    Outbox::queues(shards.clone(), parked.clone(), shutdown.clone(), budget.clone())
+                })),
                 counters: counters.clone(),
                 frames: RefCell::default(),
-                held: HeldAccount { bytes: Default::default(), gauge: held_gauge.clone() },
+                held: HeldAccount { gauge: held_gauge.clone() },
+                budget: budget.clone(),
+                listeners: listener_count_all.clone(),
+                budget_log: RefCell::new(LogLimiter::every(Duration::from_millis(BUDGET_LOG_INTERVAL_MS))),
                 gate_open: gate_open.clone(),
                 shutdown: shutdown.clone(),
             };
@@ -230,6 +240,8 @@ impl Ingest {
             counters,
             skips,
             held_gauge,
+            budget,
+            listeners_running: listener_count_all,
             gate_open,
             shutdown,
             cfg,
@@ -262,12 +274,15 @@ impl Ingest {
         let id = ListenerId(reg.next_id);
         reg.next_id += 1;
         let monitor_base = format!("inproc://kv-indexer-ingest-{}-monitor-{}", self.uid, id.0);
-        let first = Subscriber::open(&self.ctx, &self.cfg, &monitor_base, 1, &spec.endpoint).map_err(|e| match e {
-            OpenError::Endpoint(e) => {
-                IngestError::BadEndpoint { endpoint: spec.endpoint.clone(), reason: e.to_string() }
-            }
-            OpenError::Resource(e) => res(e),
-        })?;
+        let listeners = reg.listeners.len() + 1;
+        let first = Subscriber::open(&self.ctx, &self.cfg, (&monitor_base, 1), &spec.endpoint, listeners).map_err(
+            |e| match e {
+                OpenError::Endpoint(e) => {
+                    IngestError::BadEndpoint { endpoint: spec.endpoint.clone(), reason: e.to_string() }
+                }
+                OpenError::Resource(e) => res(e),
+            },
+        )?;
         let last_seq = reg.watermarks.get(&spec.worker).copied();
         let ranks_written = reg.seeded_ranks.get(&spec.worker).cloned().unwrap_or_default();
         let label = format!("instance {} dp_rank {} ({})", spec.worker.instance_id, spec.worker.dp_rank, spec.endpoint);
@@ -280,6 +295,7 @@ impl Ingest {
             .map_err(|_| IngestError::Timeout("adding a listener"))?;
         self.bells[thread].ring();
         reg.thread_load[thread] += 1;
+        self.listeners_running.fetch_add(1, Ordering::Relaxed);
         reg.watermarks.remove(&entry.spec.worker);
         reg.seeded_ranks.remove(&entry.spec.worker);
         reg.by_worker.insert(entry.spec.worker, id);
@@ -306,6 +322,7 @@ impl Ingest {
         let mut reg = self.registry.lock();
         reg.by_worker.remove(&entry.spec.worker);
         reg.thread_load[entry.thread] -= 1;
+        self.listeners_running.fetch_sub(1, Ordering::Relaxed);
         let Some(removed) = outcome else {
             return Err(IngestError::Timeout("removing a listener"));
         };
@@ -394,6 +411,8 @@ impl Ingest {
         let mut snap = self.counters.snapshot();
         snap.shard_queue_depths = self.shards.iter().map(|tx| tx.len()).collect();
         snap.held_batches = self.held_gauge.load(Ordering::Relaxed);
+        snap.budget_bytes = self.budget.used() as u64;
+        snap.budget_bytes_max = self.budget.bytes_max() as u64;
         snap.skips = self.skips.snapshot();
         snap
     }

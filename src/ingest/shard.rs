@@ -14,6 +14,7 @@ use crossbeam::channel::{Receiver, SendTimeoutError, Sender, TryRecvError};
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::budget::Charge;
 use super::config::SHUTDOWN_CHECK_MS;
 use super::counters::Counters;
 use super::sink::EventSink;
@@ -24,7 +25,15 @@ use crate::wire::{RawEvent, SkipCounters, WorkerConverter};
 pub(crate) enum ShardMsg {
     /// A decoded batch of one worker, in seq order, with the engine's
     /// timestamp of it (Unix seconds) for the lag histogram.
-    Batch { worker: WorkerId, block_size: u32, sink: Arc<dyn EventSink>, events: Vec<RawEvent>, ts: f64 },
+    /// Its charge to the ingest budget is given back once it is applied.
+    Batch {
+        worker: WorkerId,
+        block_size: u32,
+        sink: Arc<dyn EventSink>,
+        events: Vec<RawEvent>,
+        ts: f64,
+        charge: Charge,
+    },
     /// Drop every block of the worker (publisher restart or resync) and
     /// forget the converter's per-worker state.
     Clear { worker: WorkerId, sink: Arc<dyn EventSink> },
@@ -82,7 +91,7 @@ impl Shard {
     /// Handles one message, in the order its sender sent it.
     pub(crate) fn handle(&mut self, msg: ShardMsg) {
         match msg {
-            ShardMsg::Batch { worker, block_size, sink, events, ts } => {
+            ShardMsg::Batch { worker, block_size, sink, events, ts, charge: _charge } => {
                 let converter = self.workers.entry(worker).or_insert_with(|| WorkerConverter::new(block_size));
                 if converter.block_size() != block_size {
                     // Re-registered with another block size: earlier parents

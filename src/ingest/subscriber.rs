@@ -13,6 +13,7 @@
 //! address does not resolve, which it never reports: the listener gives
 //! up on an attempt that has not connected within `CONNECT_ATTEMPT_MS`.
 
+use super::budget::sub_queue_messages;
 use super::config::{IngestConfig, CONNECT_ATTEMPT_MS};
 use super::zmq_context::{ZmqContext, ZmqSocket};
 
@@ -47,18 +48,20 @@ impl std::fmt::Display for OpenError {
 
 impl Subscriber {
     /// Opens connection attempt `conn` to `endpoint`; `monitor_base` names
-    /// the listener (`inproc://...`), unique in the process.
+    /// the listener (`inproc://...`), unique in the process; `listeners`
+    /// running share the budget's room for unread messages.
     pub(crate) fn open(
         ctx: &ZmqContext,
         cfg: &IngestConfig,
-        monitor_base: &str,
-        conn: u32,
+        (monitor_base, conn): (&str, u32),
         endpoint: &str,
+        listeners: usize,
     ) -> Result<Subscriber, OpenError> {
         let res = OpenError::Resource;
         let sub = ctx.socket(zmq::SUB).map_err(res)?;
         sub.set_linger(0).map_err(res)?;
-        sub.set_rcvhwm(cfg.sub_rcvhwm_batches).map_err(res)?;
+        let queue = sub_queue_messages(cfg.budget_bytes, listeners, cfg.sub_rcvhwm_batches);
+        sub.set_rcvhwm(queue).map_err(res)?;
         // One connection per socket: the listener reconnects with a new one.
         sub.set_reconnect_ivl(-1).map_err(res)?;
         sub.set_connect_timeout(CONNECT_ATTEMPT_MS as i32).map_err(res)?;

@@ -70,7 +70,7 @@ fn render_indexes(p: &mut Prom, registry: &Registry, indexes: &[Arc<IndexHandle>
 /// The ingest pipeline's counters, skips, queue depths and held batches.
 fn render_ingest(p: &mut Prom, registry: &Registry) {
     let ic = registry.ingest().counters();
-    let counters: [(&str, &str, u64); 24] = [
+    let counters: [(&str, &str, u64); 25] = [
         ("batches_received", "Well-formed batches received.", ic.batches_received),
         ("batches_applied", "Batches applied (live and replayed).", ic.batches_applied),
         // Not `events_applied`: that family counts what the indexes applied, by type.
@@ -97,6 +97,7 @@ fn render_ingest(p: &mut Prom, registry: &Registry) {
         ),
         ("resyncs", "Workers cleared after an unreplayable gap.", ic.resyncs),
         ("held_dropped", "Batches dropped from a full hold buffer.", ic.held_dropped),
+        ("budget_dropped", "Batches dropped undecoded with the ingest budget spent.", ic.budget_dropped),
         ("dead_process_dropped", "Batches of an engine process found gone, dropped.", ic.dead_process_dropped),
         ("dp_rank_limit_dropped", "Batches over the per-listener dp rank limit.", ic.dp_rank_limit_dropped),
         ("workers_removed", "Workers removed through their shard.", ic.workers_removed),
@@ -114,6 +115,13 @@ fn render_ingest(p: &mut Prom, registry: &Registry) {
         "Batches held by listeners (replay or ready gate).",
         ic.held_batches as f64,
     );
+    p.single(
+        "kv_indexer_ingest_budget_used_bytes",
+        "gauge",
+        "Bytes of engine batches received and not yet applied.",
+        ic.budget_bytes as f64,
+    );
+    p.single("kv_indexer_ingest_budget_bytes", "gauge", "--ingest-budget-mib, in bytes.", ic.budget_bytes_max as f64);
 }
 
 /// `kv_indexer_event_lag_seconds`: applied batches by how long after their

@@ -1,13 +1,12 @@
 //! Live batches a stream holds while its ring is asked or the ready gate is
 //! closed, in arrival order, each with the connection it came on. Bounded
-//! per stream (`held_batches_max`) and per listener thread in bytes
-//! (`held_bytes_max`, counted in the thread's `HeldAccount`): past either,
-//! the newest batch is dropped, which keeps the held run contiguous (the
-//! loss shows up as a gap once the stream catches up). The batch that
+//! per stream in batches (`held_batches_max`) and in bytes (a share of the
+//! ingest budget, which every batch is charged to): past either, the
+//! newest batch is dropped, which keeps the held run contiguous (the loss
+//! shows up as a gap once the stream catches up). The batch that
 //! showed a gap and the one that bounds a fill are kept past the limits:
 //! the stream cannot go on without them, and there is one of each at most.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,12 +14,9 @@ use std::time::Instant;
 
 use super::super::decode::Batch;
 
-/// What one listener thread's streams hold, together.
+/// What every stream holds, together: batches, as `/metrics` shows them.
 #[derive(Debug, Default)]
 pub(crate) struct HeldAccount {
-    /// Bytes of the batches held (`held_bytes_max`).
-    pub bytes: Cell<usize>,
-    /// Batches held, as `/metrics` shows them (every thread's).
     pub gauge: Arc<AtomicU64>,
 }
 
@@ -28,6 +24,8 @@ pub(crate) struct HeldAccount {
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     queue: VecDeque<Batch>,
+    /// Bytes of the batches held (as charged to the budget).
+    bytes: usize,
     /// Batches are being dropped (a limit was reached); said once until the
     /// queue empties.
     pub dropping: bool,
@@ -53,6 +51,10 @@ impl Held {
         self.queue.len()
     }
 
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// The held batches, oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Batch> {
         self.queue.iter()
@@ -66,7 +68,7 @@ impl Held {
         batch: Batch,
         (batches_max, bytes_max): (usize, usize),
     ) -> Result<(), Full> {
-        if self.queue.len() >= batches_max || account.bytes.get() + batch.bytes() > bytes_max {
+        if self.queue.len() >= batches_max || self.bytes + batch.charge.bytes() > bytes_max {
             return Err(Full);
         }
         self.push_unbounded(account, batch, false);
@@ -75,7 +77,7 @@ impl Held {
 
     /// Holds `batch` past the limits, first or last.
     pub(crate) fn push_unbounded(&mut self, account: &HeldAccount, batch: Batch, front: bool) {
-        account.bytes.set(account.bytes.get() + batch.bytes());
+        self.bytes += batch.charge.bytes();
         account.gauge.fetch_add(1, Ordering::Relaxed);
         if front {
             self.queue.push_front(batch);
@@ -90,7 +92,7 @@ impl Held {
             self.dropping = false;
             return None;
         };
-        account.bytes.set(account.bytes.get() - batch.bytes());
+        self.bytes -= batch.charge.bytes();
         account.gauge.fetch_sub(1, Ordering::Relaxed);
         if self.queue.is_empty() {
             self.dropping = false;
@@ -111,12 +113,12 @@ impl Held {
         self.queue.retain(|b| {
             let kept = keep(b);
             if !kept {
-                dropped_bytes += b.bytes();
+                dropped_bytes += b.charge.bytes();
             }
             kept
         });
         let dropped = before - self.queue.len();
-        account.bytes.set(account.bytes.get() - dropped_bytes);
+        self.bytes -= dropped_bytes;
         account.gauge.fetch_sub(dropped as u64, Ordering::Relaxed);
         if self.queue.is_empty() {
             self.dropping = false;

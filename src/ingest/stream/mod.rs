@@ -77,6 +77,7 @@ pub(crate) use held::HeldAccount;
 
 use self::ask::Ask;
 use self::held::Held;
+use super::budget::{Budget, Charge, HELD_SHARE};
 use super::config::{IngestConfig, DP_RANKS_PER_LISTENER_MAX, REPLAY_IDLE_MS, REPLAY_SPAN_TIMEOUTS};
 use super::counters::Counters;
 use super::decode::Batch;
@@ -88,9 +89,10 @@ use crate::wire::RawEvent;
 
 /// What the stream asks of the world.
 pub(crate) trait Port {
-    /// Hands a batch of `worker` to its shard, after its earlier ones;
-    /// false once the pipeline shuts down (nothing was handed).
-    fn apply(&mut self, worker: WorkerId, events: Vec<RawEvent>, ts: f64) -> bool;
+    /// Hands a batch of `worker` to its shard, after its earlier ones, with
+    /// its charge to the budget; false once the pipeline shuts down
+    /// (nothing was handed).
+    fn apply(&mut self, worker: WorkerId, events: Vec<RawEvent>, ts: f64, charge: Charge) -> bool;
     /// Clears `worker` through its shard, after its earlier batches.
     fn clear(&mut self, worker: WorkerId);
     /// Asks the ring for every batch from `from` on, on a new request: a
@@ -105,6 +107,7 @@ pub(crate) struct Cx<'a> {
     pub cfg: &'a IngestConfig,
     pub counters: &'a Counters,
     pub held: &'a HeldAccount,
+    pub budget: &'a Budget,
     pub shared: &'a ListenerShared,
     pub gate_open: bool,
     pub now: Instant,
@@ -536,7 +539,7 @@ impl Stream {
         if asking {
             self.held.waiting_since.get_or_insert(cx.now);
         }
-        let limits = (cx.cfg.held_batches_max, cx.cfg.held_bytes_max);
+        let limits = (cx.cfg.held_batches_max, cx.budget.bytes_max() / HELD_SHARE);
         if self.held.push(cx.held, batch, limits).is_ok() {
             return;
         }
@@ -547,14 +550,13 @@ impl Stream {
             ask.overflowed = true;
         }
         if !std::mem::replace(&mut self.held.dropping, true) {
-            let (n, mib) = (self.held.len(), cx.held.bytes.get() >> 20);
+            let (n, kib) = (self.held.len(), self.held.bytes() >> 10);
             let why = if asking { "its engine's ring is asked" } else { "startup recovery runs" };
             crate::warn!(
-                "{}: holding {n} batches ({mib} MiB on this thread) while {why}; newer batches are dropped \
-                 (at most {} batches a listener, {} MiB a thread) and replayed or resynced afterwards",
+                "{}: holding {n} batches ({kib} KiB) while {why}; newer batches are dropped (at most {} batches \
+                 and 1/{HELD_SHARE} of --ingest-budget-mib a listener) and replayed or resynced afterwards",
                 self.endpoint,
                 cx.cfg.held_batches_max,
-                cx.cfg.held_bytes_max >> 20
             );
         }
     }
@@ -571,7 +573,7 @@ impl Stream {
                 return self.give_up(cx, port, (seq, seq + 1), fresh, why, Some(digest));
             }
         };
-        if !port.apply(WorkerId::new(self.key.instance_id, rank), events, batch.ts) {
+        if !port.apply(WorkerId::new(self.key.instance_id, rank), events, batch.ts, batch.charge) {
             return;
         }
         match source {

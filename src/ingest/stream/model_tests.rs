@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use super::{Cx, HeldAccount, Port, Stream};
 use crate::event::WorkerId;
+use crate::ingest::budget::{Budget, Charge};
 use crate::ingest::config::IngestConfig;
 use crate::ingest::counters::Counters;
 use crate::ingest::decode::Batch;
@@ -160,7 +161,8 @@ fn digest(pid: u32, seq: u64) -> u64 {
 fn batch(pid: u32, seq: u64, decodes: bool, conn: u32) -> Batch {
     let events = if decodes { Ok(Vec::new()) } else { Err("bad".to_string()) };
     let ts = (u64::from(pid) << 45 | seq) as f64;
-    Batch { seq, ts, dp_rank: None, events, digest: digest(pid, seq) ^ u64::from(!decodes), conn }
+    let digest = digest(pid, seq) ^ u64::from(!decodes);
+    Batch { seq, ts, dp_rank: None, events, digest, conn, charge: Default::default() }
 }
 
 /// The (pid, seq) a batch's `ts` names.
@@ -179,7 +181,7 @@ fn apply_content(set: &mut BTreeSet<Block>, pid: u32, seq: u64) {
 }
 
 impl Port for World {
-    fn apply(&mut self, _worker: WorkerId, _events: Vec<RawEvent>, ts: f64) -> bool {
+    fn apply(&mut self, _worker: WorkerId, _events: Vec<RawEvent>, ts: f64, _charge: Charge) -> bool {
         let (pid, seq) = named(ts);
         if self.sink_pid.is_some_and(|p| p != pid) {
             self.mixes += 1;
@@ -225,6 +227,7 @@ pub(super) struct Run {
     cfg: IngestConfig,
     counters: Counters,
     held: HeldAccount,
+    budget: std::sync::Arc<Budget>,
     shared: ListenerShared,
     t0: Instant,
 }
@@ -280,6 +283,7 @@ impl Run {
             cfg,
             counters: Counters::default(),
             held: HeldAccount::default(),
+            budget: Budget::new(64 << 20),
             shared: ListenerShared::new("model".into(), kept),
             t0: Instant::now(),
         };
@@ -310,6 +314,7 @@ impl Run {
             cfg: &self.cfg,
             counters: &self.counters,
             held: &self.held,
+            budget: &self.budget,
             shared: &self.shared,
             gate_open: self.world.gate_open,
             now: self.t0 + Duration::from_millis(self.world.now_ms),

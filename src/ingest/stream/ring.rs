@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::ask::Ask;
 use super::{Conns, Cx, Phase, Port, Source, Stream};
+use crate::ingest::budget::HELD_SHARE;
 use crate::ingest::config::REPLAY_RETRIES_MAX;
 use crate::ingest::decode::Batch;
 use crate::ingest::sequencer::Verdict;
@@ -177,12 +178,13 @@ impl Stream {
             if kept.last().is_some_and(|b| b.seq >= batch.seq) {
                 return cx.bump(&cx.counters.duplicates_dropped, 1);
             }
-            if kept.len() >= cx.cfg.replay_batches_max || cx.held.bytes.get() + batch.bytes() > cx.cfg.held_bytes_max {
+            let kept_bytes: usize = kept.iter().map(|b| b.charge.bytes()).sum();
+            let share = cx.budget.bytes_max() / HELD_SHARE;
+            if kept.len() >= cx.cfg.replay_batches_max || kept_bytes + batch.charge.bytes() > share {
                 // Too much to keep: the gap is given up whole.
                 ask.overflowed = true;
                 return;
             }
-            cx.held.bytes.set(cx.held.bytes.get() + batch.bytes());
             cx.held.gauge.fetch_add(1, Ordering::Relaxed);
             kept.push(batch);
             return;
@@ -432,8 +434,8 @@ impl Stream {
     }
 }
 
-/// Gives back what batches kept from a ring held of the thread's budget.
+/// Takes batches kept from a ring off the held gauge (their charges go
+/// with them).
 fn release(cx: &Cx, kept: &[Batch]) {
-    cx.held.bytes.set(cx.held.bytes.get() - kept.iter().map(Batch::bytes).sum::<usize>());
     cx.held.gauge.fetch_sub(kept.len() as u64, Ordering::Relaxed);
 }
