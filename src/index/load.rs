@@ -1,11 +1,20 @@
 //! A dump back into an index: the one loader that peer recovery and
-//! snapshot restore share.
+//! snapshot restore share, fed one event at a time (`Loader`), so a dump
+//! streamed from a peer is applied as it arrives.
 //!
 //! A dump is a set of stored chains, not a log: Dynamo lists its lower-tier
 //! blocks one per event in hash-map order, children before parents, and
-//! the index refuses a store whose parent the worker does not hold, so
-//! runs of consecutive stores are applied parents first (`parent_first`);
-//! a remove or clear (old dumps, foreign ones) keeps its place.
+//! the index refuses a store whose parent the worker does not hold. So a
+//! store that hangs under a hash its worker does not name yet waits, keyed
+//! by (worker, hash), and is applied as soon as an event stores a block of
+//! that hash for that worker (then what waited on its blocks, and so on);
+//! a dump of ours lists each worker's blocks parents first, so nothing of
+//! it ever waits. A remove or clear keeps its place: what still waits is
+//! applied first, in arrival order (refused for an unknown parent unless
+//! an earlier one placed its parent), as is what waits at the end. A
+//! parent cycle (a malformed dump) ends that way too. What waits is
+//! bounded by the caller (`Loader::with_waiting_max`): past it the load
+//! fails, and the caller drops what was loaded.
 //!
 //! An orphan (see `dump`) is placed by the writer itself: its missing
 //! ancestors go on the path under its anchor, held by nobody new (the
@@ -19,8 +28,9 @@
 use super::dump::DumpEvent;
 use super::writer::Above;
 use super::ApplyOutcome;
-use crate::event::{EventKind, WorkerId};
-use rustc_hash::{FxHashMap, FxHashSet};
+use crate::event::{Event, EventKind, WorkerId};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 
 /// What loading a dump did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,111 +52,164 @@ impl Loaded {
     }
 }
 
+/// A load stopped because more blocks waited for their parents than the
+/// caller allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooManyWaiting {
+    pub max: u64,
+}
+
+impl std::fmt::Display for TooManyWaiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "more than {} blocks wait for parents the dump has not sent yet", self.max)
+    }
+}
+
+/// Applies a dump's events as they come; see the module doc. Each call
+/// names the index (always the same one) and a `seen` that gets each event
+/// with what applying it did (for the caller's counters).
+#[derive(Default)]
+pub struct Loader {
+    /// (worker, hash a store hangs under) -> arrival numbers of the stores waiting for it.
+    waiting: FxHashMap<(WorkerId, u64), Vec<u64>>,
+    /// Stores that wait, by arrival.
+    held: BTreeMap<u64, DumpEvent>,
+    held_blocks: u64,
+    /// None: no bound.
+    waiting_max: Option<u64>,
+    arrived: u64,
+    out: Loaded,
+}
+
+/// What a loader tells its caller of each event.
+pub type Seen<'s> = &'s mut dyn FnMut(&Event, &ApplyOutcome);
+
+impl Loader {
+    /// A loader that fails once more than `max` blocks wait.
+    pub fn with_waiting_max(max: u64) -> Self {
+        Loader { waiting_max: Some(max), ..Loader::default() }
+    }
+
+    /// What was applied so far.
+    pub fn loaded(&self) -> Loaded {
+        self.out
+    }
+
+    /// Applies `e`, or keeps it until the block it hangs under arrives.
+    pub fn push(&mut self, index: &super::Index, e: DumpEvent, seen: Seen<'_>) -> Result<(), TooManyWaiting> {
+        let EventKind::Stored { parent, blocks } = &e.event.kind else {
+            self.settle(index, seen);
+            self.apply(index, &e, seen);
+            return Ok(());
+        };
+        let above = match &e.orphan {
+            Some(o) => o.anchor,
+            None => *parent,
+        };
+        match above {
+            Some(h) if !index.names(e.event.worker, e.event.tier, h) => {
+                self.held_blocks += blocks.len() as u64;
+                if let Some(max) = self.waiting_max.filter(|&max| self.held_blocks > max) {
+                    return Err(TooManyWaiting { max });
+                }
+                self.arrived += 1;
+                self.waiting.entry((e.event.worker, h)).or_default().push(self.arrived);
+                self.held.insert(self.arrived, e);
+            }
+            _ => self.apply_and_release(index, e, seen),
+        }
+        Ok(())
+    }
+
+    /// Applies what still waits, and returns what the load did.
+    pub fn finish(mut self, index: &super::Index, seen: Seen<'_>) -> Loaded {
+        self.settle(index, seen);
+        self.out
+    }
+
+    /// Applies every waiting store, in arrival order.
+    fn settle(&mut self, index: &super::Index, seen: Seen<'_>) {
+        while let Some((_, e)) = self.held.pop_first() {
+            self.held_blocks -= stored_blocks(&e);
+            self.apply_and_release(index, e, seen);
+        }
+        self.waiting.clear();
+    }
+
+    /// Applies `e`, then every store that waited for a block it stored.
+    fn apply_and_release(&mut self, index: &super::Index, e: DumpEvent, seen: Seen<'_>) {
+        let mut stack = vec![e];
+        while let Some(e) = stack.pop() {
+            let o = self.apply(index, &e, seen);
+            if o.stored + o.duplicate == 0 || self.held.is_empty() {
+                continue;
+            }
+            let EventKind::Stored { blocks, .. } = &e.event.kind else { continue };
+            for b in blocks {
+                let Some(arrivals) = self.waiting.remove(&(e.event.worker, b.engine_hash)) else { continue };
+                for a in arrivals.into_iter().rev() {
+                    if let Some(next) = self.held.remove(&a) {
+                        self.held_blocks -= stored_blocks(&next);
+                        stack.push(next);
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, index: &super::Index, e: &DumpEvent, seen: Seen<'_>) -> ApplyOutcome {
+        let DumpEvent { event, orphan } = e;
+        self.out.events += 1;
+        let o = match (orphan, &event.kind) {
+            (Some(orphan), EventKind::Stored { blocks, .. }) => {
+                let above = match (orphan.anchor, orphan.anchor_position()) {
+                    _ if !orphan.is_consistent() => None,
+                    (None, _) => Some(Above::Root),
+                    (Some(hash), Some(position)) => Some(Above::Ancestor { hash, position }),
+                    (Some(_), None) => None,
+                };
+                let o = match above {
+                    Some(above) => index.store_under(event.worker, event.tier, above, &orphan.missing, blocks),
+                    None => ApplyOutcome { unknown_parent: blocks.len() as u32, ..ApplyOutcome::default() },
+                };
+                self.out.orphans += u64::from(o.unknown_parent == 0);
+                o
+            }
+            _ => index.apply(event),
+        };
+        self.out.add(&o);
+        seen(event, &o);
+        o
+    }
+}
+
+/// Blocks a store holds (0 for any other event).
+fn stored_blocks(e: &DumpEvent) -> u64 {
+    match &e.event.kind {
+        EventKind::Stored { blocks, .. } => blocks.len() as u64,
+        _ => 0,
+    }
+}
+
 impl super::Index {
     /// Applies a dump's events, ours or a peer's, parents first; `seen`
     /// gets each event with what applying it did (for the caller's
     /// counters).
-    pub fn load_dump(&self, events: &[DumpEvent], mut seen: impl FnMut(&crate::event::Event, &ApplyOutcome)) -> Loaded {
-        let mut out = Loaded::default();
-        for i in parent_first(events) {
-            let DumpEvent { event, orphan } = &events[i];
-            out.events += 1;
-            let o = match (orphan, &event.kind) {
-                (Some(orphan), EventKind::Stored { blocks, .. }) => {
-                    let above = match (orphan.anchor, orphan.anchor_position()) {
-                        _ if !orphan.is_consistent() => None,
-                        (None, _) => Some(Above::Root),
-                        (Some(hash), Some(position)) => Some(Above::Ancestor { hash, position }),
-                        (Some(_), None) => None,
-                    };
-                    let o = match above {
-                        Some(above) => self.store_under(event.worker, event.tier, above, &orphan.missing, blocks),
-                        None => ApplyOutcome { unknown_parent: blocks.len() as u32, ..ApplyOutcome::default() },
-                    };
-                    out.orphans += u64::from(o.unknown_parent == 0);
-                    o
-                }
-                _ => self.apply(event),
-            };
-            out.add(&o);
-            seen(event, &o);
-        }
-        out
+    pub fn load_dump(&self, events: &[DumpEvent], seen: impl FnMut(&Event, &ApplyOutcome)) -> Loaded {
+        self.load_dump_owned(events.iter().cloned(), seen)
     }
-}
 
-/// The order to apply dump events in: each stored chain after the event
-/// that stores its parent block, or for an orphan its anchor (of the same
-/// worker, in any tier), when the dump has one. Only runs of consecutive
-/// stores are reordered, so a remove or clear keeps its place. The walk is
-/// iterative and visits each event once; a parent cycle (a malformed dump)
-/// is cut where it closes. A dump already in that order keeps it.
-fn parent_first(events: &[DumpEvent]) -> Vec<usize> {
-    let mut order = Vec::with_capacity(events.len());
-    let mut start = 0;
-    let is_store = |e: &DumpEvent| matches!(e.event.kind, EventKind::Stored { .. });
-    while start < events.len() {
-        let end = start + events[start..].iter().take_while(|e| is_store(e) == is_store(&events[start])).count();
-        if is_store(&events[start]) {
-            stores_parent_first(events, start..end, &mut order);
-        } else {
-            order.extend(start..end);
+    /// `load_dump` of events it may keep.
+    pub fn load_dump_owned(
+        &self,
+        events: impl IntoIterator<Item = DumpEvent>,
+        mut seen: impl FnMut(&Event, &ApplyOutcome),
+    ) -> Loaded {
+        let mut loader = Loader::default();
+        for e in events {
+            // No bound on what waits: it never fails.
+            let _ = loader.push(self, e, &mut seen);
         }
-        start = end;
-    }
-    order
-}
-
-fn stores_parent_first(events: &[DumpEvent], run: std::ops::Range<usize>, order: &mut Vec<usize>) {
-    // The block each event hangs under: its parent, or an orphan's anchor.
-    let above = |i: usize| {
-        let e = &events[i];
-        match (&e.orphan, &e.event.kind) {
-            (Some(o), _) => o.anchor,
-            (None, EventKind::Stored { parent, .. }) => *parent,
-            _ => None,
-        }
-        .map(|h| (e.event.worker, h))
-    };
-    // Which event of the run stores each (worker, engine hash) some event
-    // hangs under: a set of one key per event is probed for every block,
-    // cheaper than a map of every block.
-    let wanted: FxHashSet<(WorkerId, u64)> = run.clone().filter_map(above).collect();
-    let mut producer: FxHashMap<(WorkerId, u64), usize> = FxHashMap::default();
-    for i in run.clone() {
-        if let EventKind::Stored { blocks, .. } = &events[i].event.kind {
-            for b in blocks {
-                let key = (events[i].event.worker, b.engine_hash);
-                if wanted.contains(&key) {
-                    producer.entry(key).or_insert(i);
-                }
-            }
-        }
-    }
-    let parent_event = |i: usize| producer.get(&above(i)?).copied();
-    // 0: not seen, 1: waiting for its parent, 2: placed.
-    let mut state = vec![0u8; run.len()];
-    let mut stack = Vec::new();
-    for first in run.clone() {
-        stack.push(first);
-        while let Some(&i) = stack.last() {
-            let slot = i - run.start;
-            if state[slot] == 2 {
-                stack.pop();
-                continue;
-            }
-            let parent = parent_event(i).filter(|&p| p != i && state[p - run.start] == 0);
-            match (state[slot], parent) {
-                (0, Some(p)) => {
-                    state[slot] = 1;
-                    stack.push(p);
-                }
-                _ => {
-                    state[slot] = 2;
-                    order.push(i);
-                    stack.pop();
-                }
-            }
-        }
+        loader.finish(self, &mut seen)
     }
 }

@@ -95,7 +95,7 @@ mod writer;
 pub use budget::Budget;
 pub(crate) use chain::{chains_into, Chains};
 pub use dump::{DumpEvent, Orphan};
-pub use load::Loaded;
+pub use load::{Loaded, Loader, TooManyWaiting};
 pub use reclaim::reclaim;
 
 use crate::event::{Event, EventKind, StorageTier, WorkerId};
@@ -388,16 +388,28 @@ impl Index {
     /// parents first (see `dump`); `load_dump` rebuilds the index from them.
     /// Each worker's events are one state of that worker.
     pub fn dump_events(&self) -> Vec<DumpEvent> {
-        let cells = self.workers.read().cells();
+        let mut cursor = self.dump_cursor();
         let mut events = Vec::new();
-        for cell in cells {
-            let st = cell.lock();
-            if let Some(st) = st.as_ref() {
-                let tree = self.tree.lock();
-                events.extend(dump::dump_worker(&tree, &self.shared, st));
-            }
+        while let Some(worker) = cursor.next_worker(self) {
+            events.extend(worker);
         }
         events
+    }
+
+    /// A dump taken one worker at a time (`DumpCursor::next_worker`), for
+    /// a dump streamed while events land: each worker's events are its
+    /// blocks at one instant, the instant its turn comes; writers wait
+    /// only while that one worker is read. Workers placed after this call
+    /// are not dumped, and one removed before its turn is skipped.
+    pub fn dump_cursor(&self) -> DumpCursor {
+        DumpCursor { cells: self.workers.read().cells(), next: 0, dumped: rustc_hash::FxHashSet::default() }
+    }
+
+    /// Whether `worker` names a block by `hash` where a store of `tier`
+    /// looks for its parent (its own tier first, then, for lower tiers,
+    /// the others).
+    pub(crate) fn names(&self, worker: WorkerId, tier: StorageTier, hash: u64) -> bool {
+        self.with_worker(worker, false, |st| writer::parent_block(st, tier.index(), hash).is_some()).unwrap_or(false)
     }
 
     /// Workers that have a slot in this index.
@@ -435,6 +447,36 @@ impl Index {
             states.iter().filter_map(|s| s.as_ref()).map(|st| writer::check_worker(&tree, &self.shared, st)).sum();
         assert_eq!(pairs, self.shared.pairs.load(Ordering::Relaxed), "pairs count every (block, worker, tier)");
         blocks
+    }
+}
+
+/// Where a dump taken a worker at a time stands (`Index::dump_cursor`).
+pub struct DumpCursor {
+    cells: Vec<workers::Cell>,
+    next: usize,
+    /// Workers dumped already: one removed and placed again in a slot
+    /// still ahead is not dumped twice.
+    dumped: rustc_hash::FxHashSet<WorkerId>,
+}
+
+impl DumpCursor {
+    /// The events of the next worker that holds a slot, or None at the
+    /// end. `index` must be the index the cursor was taken from.
+    pub fn next_worker(&mut self, index: &Index) -> Option<Vec<DumpEvent>> {
+        while let Some(cell) = self.cells.get(self.next) {
+            self.next += 1;
+            let st = cell.lock();
+            if let Some(st) = st.as_ref().filter(|st| self.dumped.insert(st.id)) {
+                let tree = index.tree.lock();
+                return Some(dump::dump_worker(&tree, &index.shared, st));
+            }
+        }
+        None
+    }
+
+    /// Workers left to visit (an upper bound on the events' workers).
+    pub fn workers_left(&self) -> usize {
+        self.cells.len() - self.next
     }
 }
 
