@@ -77,6 +77,9 @@
 //! through serde, whose recursion limit bounds nesting; the body itself is
 //! bounded by `DUMP_BYTES_MAX`.
 
+pub mod binary;
+pub mod stream;
+
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
 use crate::hash::JsonHash;
 use crate::index::{DumpEvent, Orphan};
@@ -85,11 +88,6 @@ use crate::json::BodyError;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
-
-/// Largest `/dump` document read: recovery refuses a peer's longer dump
-/// before downloading it (by its Content-Length) or once past it, and the
-/// parser refuses one too, so a dump is never fetched whole and then refused.
-pub const DUMP_BYTES_MAX: u64 = 4 << 30;
 
 /// The events of one (model, tenant) index.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +116,7 @@ impl DumpEntry {
 }
 
 /// A parsed dump and what was left out of it.
+#[cfg(test)]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DumpParse {
     pub entries: Vec<DumpEntry>,
@@ -130,21 +129,16 @@ pub struct DumpParse {
     pub skipped_entries: u64,
 }
 
-/// Writes the `/dump` body for `entries`.
+#[cfg(test)]
+/// Writes the `/dump` body for `entries` (whole; `/dump` itself streams
+/// from the indexes, `stream`).
 pub fn write_dump(out: &mut Vec<u8>, entries: &[DumpEntry]) {
     out.push(b'{');
     for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        push_str(out, &format!("{}:{}", entry.model_name, entry.tenant_id));
-        out.extend_from_slice(b":{\"model_name\":");
-        push_str(out, &entry.model_name);
-        out.extend_from_slice(b",\"tenant_id\":");
-        push_str(out, &entry.tenant_id);
-        out.extend_from_slice(b",\"block_size\":");
-        push_u64(out, u64::from(entry.block_size));
-        out.extend_from_slice(b",\"events\":[");
+        write_entry_head(out, &entry.model_name, &entry.tenant_id, entry.block_size);
         for (event_id, event) in entry.events.iter().enumerate() {
             if event_id > 0 {
                 out.push(b',');
@@ -154,6 +148,18 @@ pub fn write_dump(out: &mut Vec<u8>, entries: &[DumpEntry]) {
         out.extend_from_slice(b"]}");
     }
     out.push(b'}');
+}
+
+/// An entry's key and fields, up to the `[` of its events.
+fn write_entry_head(out: &mut Vec<u8>, model_name: &str, tenant_id: &str, block_size: u32) {
+    push_str(out, &format!("{model_name}:{tenant_id}"));
+    out.extend_from_slice(b":{\"model_name\":");
+    push_str(out, model_name);
+    out.extend_from_slice(b",\"tenant_id\":");
+    push_str(out, tenant_id);
+    out.extend_from_slice(b",\"block_size\":");
+    push_u64(out, u64::from(block_size));
+    out.extend_from_slice(b",\"events\":[");
 }
 
 fn write_event(out: &mut Vec<u8>, dumped: &DumpEvent, event_id: u64) {
@@ -223,122 +229,287 @@ fn write_event(out: &mut Vec<u8>, dumped: &DumpEvent, event_id: u64) {
     out.extend_from_slice(b"}}");
 }
 
-/// Whether a dump of `bytes` bytes is within `DUMP_BYTES_MAX`.
-pub fn check_dump_bytes(bytes: u64) -> Result<(), BodyError> {
-    if bytes > DUMP_BYTES_MAX {
-        return Err(BodyError::Invalid(format!("the dump is {bytes} bytes; the limit is {DUMP_BYTES_MAX}")));
+/// Where a dump's reader puts what it reads, as it reads it: an index's
+/// entry begins (`index`), then its events come one by one (`event`).
+/// An error stops the read; it is what the read returns.
+pub trait DumpSink {
+    fn index(&mut self, model_name: &str, tenant_id: &str, block_size: u32) -> Result<(), String>;
+    fn event(&mut self, event: DumpEvent) -> Result<(), String>;
+}
+
+/// What a read left out of a dump.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Events skipped: unknown storage tier or unsupported residency domain.
+    pub events: u64,
+    /// Of those, events of an unsupported residency domain, by event type
+    /// (stored, removed, cleared).
+    pub unsupported_residency: [u64; 3],
+    /// Entries skipped because the peer reported an error instead of events.
+    pub entries: u64,
+}
+
+/// Why a dump could not be read: the dump's fault (malformed), or the
+/// sink's (its message), or the reader's (I/O, in the message).
+#[derive(Debug)]
+pub enum ReadFailed {
+    Dump(BodyError),
+    Sink(String),
+}
+
+impl ReadFailed {
+    pub fn message(&self) -> String {
+        match self {
+            ReadFailed::Dump(e) => format!("malformed dump: {}", e.message()),
+            ReadFailed::Sink(m) => m.clone(),
+        }
+    }
+}
+
+/// Reads a `/dump` JSON document from `r` as it arrives, handing each
+/// entry and event to `sink`; an entry whose events come before its
+/// `block_size` (or, when the key does not split, its names) is held
+/// until they are known. Nothing is read past the document's end.
+pub fn read_dump_json(r: impl std::io::Read, sink: &mut dyn DumpSink) -> Result<Skipped, ReadFailed> {
+    let mut state = ReadState { sink, skipped: Skipped::default(), failed: None, invalid: None };
+    let mut de = serde_json::Deserializer::from_reader(r);
+    let done = de::DeserializeSeed::deserialize(TopSeed(&mut state), &mut de).and_then(|()| de.end());
+    match (done, state.failed, state.invalid) {
+        (_, Some(m), _) => Err(ReadFailed::Sink(m)),
+        (_, None, Some(m)) => Err(ReadFailed::Dump(BodyError::Invalid(m))),
+        (Ok(()), None, None) => Ok(state.skipped),
+        (Err(e), None, None) => Err(ReadFailed::Dump(match e.classify() {
+            serde_json::error::Category::Data => BodyError::Unprocessable(format!("dump: {e}")),
+            serde_json::error::Category::Io => BodyError::Malformed(format!("reading the dump: {e}")),
+            _ => BodyError::Malformed(format!("dump: {e}")),
+        })),
+    }
+}
+
+/// Parses a whole `/dump` body and counts what was skipped.
+#[cfg(test)]
+pub fn parse_dump_counted(body: &[u8]) -> Result<DumpParse, BodyError> {
+    let mut sink = Collect::default();
+    let skipped = read_dump_json(body, &mut sink).map_err(|e| match e {
+        ReadFailed::Dump(e) => e,
+        ReadFailed::Sink(m) => BodyError::Invalid(m),
+    })?;
+    Ok(DumpParse {
+        entries: sink.0,
+        skipped_events: skipped.events,
+        unsupported_residency: skipped.unsupported_residency,
+        skipped_entries: skipped.entries,
+    })
+}
+
+/// A sink that keeps every entry.
+#[cfg(test)]
+#[derive(Default)]
+struct Collect(Vec<DumpEntry>);
+
+#[cfg(test)]
+impl DumpSink for Collect {
+    fn index(&mut self, model_name: &str, tenant_id: &str, block_size: u32) -> Result<(), String> {
+        let (model_name, tenant_id) = (model_name.to_owned(), tenant_id.to_owned());
+        self.0.push(DumpEntry { model_name, tenant_id, block_size, events: Vec::new() });
+        Ok(())
+    }
+
+    fn event(&mut self, event: DumpEvent) -> Result<(), String> {
+        self.0.last_mut().ok_or("an event before its index")?.events.push(event);
+        Ok(())
+    }
+}
+
+struct ReadState<'s> {
+    sink: &'s mut dyn DumpSink,
+    skipped: Skipped,
+    /// The sink's error, which stopped the read.
+    failed: Option<String>,
+    /// A value the format allows but no index takes (400, not 422).
+    invalid: Option<String>,
+}
+
+impl ReadState<'_> {
+    fn sink_call<E: de::Error>(&mut self, r: Result<(), String>) -> Result<(), E> {
+        r.map_err(|m| {
+            self.failed = Some(m);
+            E::custom("stopped")
+        })
+    }
+}
+
+/// The top-level map, each entry read as it comes.
+struct TopSeed<'a, 's>(&'a mut ReadState<'s>);
+
+impl<'de> de::DeserializeSeed<'de> for TopSeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object of \"model:tenant\" entries")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            map.next_value_seed(EntrySeed { key: &key, state: &mut *self.0 })?;
+        }
+        Ok(())
+    }
+}
+
+/// One entry: its names and block size, then its events handed on as they
+/// come once those are known, else held until the entry ends.
+struct EntrySeed<'a, 's> {
+    key: &'a str,
+    state: &'a mut ReadState<'s>,
+}
+
+/// What an entry said so far.
+#[derive(Default)]
+struct EntryHead {
+    block_size: Option<u32>,
+    model_name: Option<String>,
+    tenant_id: Option<String>,
+    /// The names its events went to, once they began.
+    began: Option<(String, String)>,
+}
+
+impl EntryHead {
+    /// The entry's names: its own, else its key split at the first `:`.
+    fn names(&self, key: &str) -> Option<(String, String)> {
+        let split = key.split_once(':');
+        let model = self.model_name.clone().or_else(|| split.map(|(m, _)| m.to_owned()))?;
+        let tenant = self.tenant_id.clone().or_else(|| split.map(|(_, t)| t.to_owned()))?;
+        Some((model, tenant))
+    }
+}
+
+impl<'de> de::DeserializeSeed<'de> for EntrySeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EntrySeed<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a dump entry")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let key = self.key;
+        let mut head = EntryHead::default();
+        let (mut has_events, mut has_error) = (false, false);
+        // Events read before the entry's block size or names were known.
+        let mut held: Vec<DumpEvent> = Vec::new();
+        while let Some(field) = map.next_key::<String>()? {
+            match field.as_str() {
+                "block_size" => head.block_size = Some(map.next_value::<u32>()?),
+                "model_name" => head.model_name = Some(map.next_value::<String>()?),
+                "tenant_id" => head.tenant_id = Some(map.next_value::<String>()?),
+                "error" => {
+                    has_error = true;
+                    map.next_value::<IgnoredAny>()?;
+                }
+                "events" => {
+                    has_events = true;
+                    if let (Some(block_size), Some(names), None) = (head.block_size, head.names(key), &head.began) {
+                        check_block_size(self.state, key, block_size)?;
+                        let begun = self.state.sink.index(&names.0, &names.1, block_size);
+                        self.state.sink_call(begun)?;
+                        head.began = Some(names);
+                    }
+                    let to_sink = head.began.is_some();
+                    map.next_value_seed(EventsSeed { state: &mut *self.state, held: (!to_sink).then_some(&mut held) })?;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if has_error && !has_events {
+            self.state.skipped.entries += 1;
+            return Ok(());
+        }
+        let (Some(block_size), true) = (head.block_size, has_events) else {
+            return Err(de::Error::custom(format!("dump entry {key:?} needs `block_size` and `events`")));
+        };
+        check_block_size(self.state, key, block_size)?;
+        let Some(names) = head.names(key) else {
+            return Err(de::Error::custom(format!(
+                "dump key {key:?} is not \"model:tenant\" and the entry has no model_name and tenant_id"
+            )));
+        };
+        match &head.began {
+            Some(began) if *began != names => Err(de::Error::custom(format!(
+                "dump entry {key:?} names model {:?} tenant {:?} after its events, which went to {:?} {:?}",
+                names.0, names.1, began.0, began.1
+            ))),
+            Some(_) => Ok(()),
+            None => {
+                let begun = self.state.sink.index(&names.0, &names.1, block_size);
+                self.state.sink_call(begun)?;
+                for e in held {
+                    let r = self.state.sink.event(e);
+                    self.state.sink_call(r)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn check_block_size<E: de::Error>(state: &mut ReadState<'_>, key: &str, block_size: u32) -> Result<(), E> {
+    if block_size == 0 {
+        state.invalid = Some(format!("dump entry {key:?} has block_size 0"));
+        return Err(E::custom("stopped"));
     }
     Ok(())
 }
 
-/// Parses a `/dump` body and counts what was skipped.
-pub fn parse_dump_counted(body: &[u8]) -> Result<DumpParse, BodyError> {
-    check_dump_bytes(body.len() as u64)?;
-    let top: Top = serde_json::from_slice(body).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => BodyError::Unprocessable(format!("dump: {e}")),
-        _ => BodyError::Malformed(format!("dump: {e}")),
-    })?;
-    let mut parsed = DumpParse::default();
-    for (key, entry) in top.0 {
-        if entry.error.is_some() && entry.events.is_none() {
-            parsed.skipped_entries += 1;
-            continue;
-        }
-        let (Some(block_size), Some(events)) = (entry.block_size, entry.events) else {
-            return Err(BodyError::Unprocessable(format!("dump entry {key:?} needs `block_size` and `events`")));
-        };
-        if block_size == 0 {
-            return Err(BodyError::Invalid(format!("dump entry {key:?} has block_size 0")));
-        }
-        let (model_name, tenant_id) = match (entry.model_name, entry.tenant_id) {
-            (Some(m), Some(t)) => (m, t),
-            (m, t) => {
-                let Some((key_model, key_tenant)) = key.split_once(':') else {
-                    return Err(BodyError::Unprocessable(format!(
-                        "dump key {key:?} is not \"model:tenant\" and the entry has no model_name and tenant_id"
-                    )));
-                };
-                (m.unwrap_or_else(|| key_model.to_owned()), t.unwrap_or_else(|| key_tenant.to_owned()))
-            }
-        };
-        parsed.skipped_events += events.skipped;
-        for (total, n) in parsed.unsupported_residency.iter_mut().zip(events.unsupported_residency) {
-            *total += n;
-        }
-        parsed.entries.push(DumpEntry { model_name, tenant_id, block_size, events: events.events });
-    }
-    Ok(parsed)
+/// An entry's events, converted as they are read and handed to the sink
+/// (or to `held`), with the count skipped.
+struct EventsSeed<'a, 's> {
+    state: &'a mut ReadState<'s>,
+    held: Option<&'a mut Vec<DumpEvent>>,
 }
 
-/// The top-level map, keeping every entry in order.
-struct Top(Vec<(String, WireEntry)>);
-
-impl<'de> Deserialize<'de> for Top {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Top;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object of \"model:tenant\" entries")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
-                let mut entries = Vec::new();
-                while let Some(entry) = map.next_entry::<String, WireEntry>()? {
-                    entries.push(entry);
-                }
-                Ok(Top(entries))
-            }
-        }
-        d.deserialize_map(V)
+impl<'de> de::DeserializeSeed<'de> for EventsSeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
     }
 }
 
-#[derive(Deserialize)]
-struct WireEntry {
-    #[serde(default)]
-    block_size: Option<u32>,
-    #[serde(default)]
-    model_name: Option<String>,
-    #[serde(default)]
-    tenant_id: Option<String>,
-    #[serde(default)]
-    events: Option<Events>,
-    #[serde(default)]
-    error: Option<IgnoredAny>,
-}
-
-/// An entry's events, converted as they are read, with the count skipped.
-struct Events {
-    events: Vec<DumpEvent>,
-    skipped: u64,
-    unsupported_residency: [u64; 3],
-}
-
-impl<'de> Deserialize<'de> for Events {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Events;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an array of RouterEvent objects")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Events, A::Error> {
-                let mut out = Events { events: Vec::new(), skipped: 0, unsupported_residency: [0; 3] };
-                while let Some(e) = seq.next_element::<WireEvent>()? {
-                    match e.into_event() {
-                        Ok(ev) => out.events.push(ev),
-                        Err(Skip::Tier) => out.skipped += 1,
-                        Err(Skip::Residency(kind)) => {
-                            out.skipped += 1;
-                            out.unsupported_residency[kind] += 1;
-                        }
-                        Err(Skip::Invalid(why)) => return Err(de::Error::custom(why)),
+impl<'de> Visitor<'de> for EventsSeed<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of RouterEvent objects")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(e) = seq.next_element::<WireEvent>()? {
+            match e.into_event() {
+                Ok(ev) => match &mut self.held {
+                    Some(held) => held.push(ev),
+                    None => {
+                        let r = self.state.sink.event(ev);
+                        self.state.sink_call(r)?;
                     }
+                },
+                Err(Skip::Tier) => self.state.skipped.events += 1,
+                Err(Skip::Residency(kind)) => {
+                    self.state.skipped.events += 1;
+                    self.state.skipped.unsupported_residency[kind] += 1;
                 }
-                Ok(out)
+                Err(Skip::Invalid(why)) => return Err(de::Error::custom(why)),
             }
         }
-        d.deserialize_seq(V)
+        Ok(())
     }
 }
 

@@ -26,6 +26,7 @@
 pub mod notify;
 pub mod recovery;
 pub mod signals;
+mod staging;
 pub mod unix_socket;
 
 use crate::config::Config;

@@ -78,6 +78,8 @@ pub struct Head {
     pub close: bool,
     pub expect_continue: bool,
     pub authorization: Option<String>,
+    /// An `Accept` header lists the compact dump format (and not with q=0).
+    pub accepts_compact_dump: bool,
     /// The value of the access log's trace id header, if asked for and sent.
     pub trace_id: Option<String>,
 }
@@ -401,6 +403,8 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8]) -> Result<(), ReadErr
         }
     } else if is("expect") {
         head.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+    } else if is("accept") {
+        head.accepts_compact_dump |= accepts(value, crate::dump::binary::MEDIA_TYPE);
     } else if is("authorization") {
         let text = std::str::from_utf8(value).map_err(|_| ReadError::Bad("Authorization is not UTF-8"))?;
         if head.authorization.is_some() {
@@ -410,6 +414,20 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8]) -> Result<(), ReadErr
         head.authorization = Some(text.trim().to_string());
     }
     Ok(())
+}
+
+/// Whether an `Accept` value lists `media` with a nonzero quality.
+fn accepts(value: &[u8], media: &str) -> bool {
+    let Ok(text) = std::str::from_utf8(value) else { return false };
+    text.split(',').any(|item| {
+        let mut parts = item.split(';').map(str::trim);
+        let named = parts.next().is_some_and(|m| m.eq_ignore_ascii_case(media));
+        let zero = parts.any(|p| {
+            let p = p.replace(' ', "");
+            p.strip_prefix("q=").is_some_and(|q| q.parse::<f32>().is_ok_and(|q| q == 0.0))
+        });
+        named && !zero
+    })
 }
 
 #[cfg(test)]

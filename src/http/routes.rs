@@ -8,7 +8,8 @@ use super::auth::{AdminToken, CHALLENGE};
 use super::codec::{self, BodyError};
 use super::endpoints::Route;
 use super::metrics::HttpMetrics;
-use crate::dump::{self, DumpEntry};
+use crate::dump::binary;
+use crate::dump::stream::{DumpStream, Format, Source};
 use crate::hash::{local_hashes_into, seed_for};
 use crate::ingest::ListenerStatus;
 use crate::metrics::Prom;
@@ -36,10 +37,10 @@ pub struct Api {
     pub dumps: Arc<AtomicUsize>,
 }
 
-/// Most `/dump` replies built or being sent at once: each holds the whole
-/// document in memory until its client has read it, so slow or stalled
-/// readers could otherwise pile up copies; past this a dump is refused
-/// with 503 and `Retry-After`.
+/// Most `/dump` replies being sent at once: each holds a piece of about
+/// `dump::stream::PIECE_BYTES` (one worker's events at least) and its
+/// indexes until its client has read it or the write timed out; past this
+/// a dump is refused with 503 and `Retry-After`.
 pub const DUMPS_AT_ONCE_MAX: usize = 2;
 
 /// One of the `DUMPS_AT_ONCE_MAX` places, held in `Scratch` until the
@@ -102,18 +103,32 @@ impl Scratch {
     }
 }
 
-/// What to send back. The body is in `Scratch::out`.
+/// A body written piece by piece (chunked): `fill` appends the next
+/// piece to the buffer it is given and says whether more follows.
+pub trait BodyStream {
+    fn fill(&mut self, out: &mut Vec<u8>) -> bool;
+}
+
+impl BodyStream for DumpStream {
+    fn fill(&mut self, out: &mut Vec<u8>) -> bool {
+        DumpStream::fill(self, out)
+    }
+}
+
+/// What to send back. The body is in `Scratch::out`, or streamed.
 pub struct Reply {
     pub status: u16,
     pub content_type: &'static str,
     /// An extra header line, without its CRLF (`WWW-Authenticate` with a
     /// 401, `Allow` with a 405).
     pub header: Option<String>,
+    /// A body streamed in pieces instead of `Scratch::out` (`/dump`).
+    pub stream: Option<Box<dyn BodyStream>>,
 }
 
 impl Reply {
     pub const fn json(status: u16) -> Reply {
-        Reply { status, content_type: "application/json", header: None }
+        Reply { status, content_type: "application/json", header: None, stream: None }
     }
 
     /// `{"error": message}` as the body (replacing what `out` held), with `status`.
@@ -136,6 +151,8 @@ pub struct Incoming<'a> {
     pub body: &'a [u8],
     /// The `Authorization` header, if any.
     pub authorization: Option<&'a str>,
+    /// The client asks for the compact dump format (`Accept`).
+    pub accepts_compact_dump: bool,
 }
 
 /// A refused request: its status and the message of its `{"error": ...}`.
@@ -231,13 +248,13 @@ impl Api {
         let Some(h) = self.registry.index(&req.model_name, tenant) else {
             return Err(Refusal(404, format!("no indexer for model={} tenant={tenant}", req.model_name)));
         };
-        let block_size = h.index.block_size();
+        let block_size = h.index().block_size();
         if !by_hash {
             let seed = seed_for(req.lora_name.as_deref(), req.cache_salt.as_deref());
             s.hashes.clear();
             local_hashes_into(&s.tokens, block_size as usize, seed, &mut s.hashes);
         }
-        let matches = h.index.find_matches(&s.hashes);
+        let matches = h.index().find_matches(&s.hashes);
         // Dynamo lists only workers that matched; every registered one on request.
         let registered = if req.include_unmatched { h.registered() } else { Vec::new() };
         let predicted = if h.predictions.is_empty() {
@@ -303,7 +320,7 @@ impl Api {
                 instance_id: r.worker.instance_id,
                 source: "zmq",
                 status,
-                block_size: self.registry.index(&r.model_name, &r.tenant_id).map_or(0, |h| h.index.block_size()),
+                block_size: self.registry.index(&r.model_name, &r.tenant_id).map_or(0, |h| h.index().block_size()),
                 routing_group: r.tenant_id.clone(),
                 model_name: r.model_name,
                 tenant_id: r.tenant_id,
@@ -317,17 +334,25 @@ impl Api {
         json(s, &views.values().collect::<Vec<_>>())
     }
 
-    fn dump(&self, s: &mut Scratch) -> Answer {
+    /// `/dump`, streamed from the live indexes (`dump::stream`): compact
+    /// when the client asks for it, else JSON.
+    fn dump(&self, s: &mut Scratch, compact: bool) -> Answer {
         let Some(slot) = DumpSlot::take(&self.dumps) else {
-            crate::warn!("GET /dump refused: {DUMPS_AT_ONCE_MAX} dumps are being built or sent; the client may retry");
-            let message = format!("{DUMPS_AT_ONCE_MAX} dumps are being built or sent; retry shortly");
+            crate::warn!("GET /dump refused: {DUMPS_AT_ONCE_MAX} dumps are being sent; the client may retry");
+            let message = format!("{DUMPS_AT_ONCE_MAX} dumps are being sent; retry shortly");
             return Ok(Reply { header: Some("Retry-After: 1".into()), ..Reply::error(&mut s.out, 503, &message) });
         };
         s.dump_slot = Some(slot);
-        let entries: Vec<DumpEntry> = self.registry.indexes().iter().map(|h| h.dump()).collect();
+        let sources = self
+            .registry
+            .indexes()
+            .iter()
+            .map(|h| Source { model_name: h.model_name.clone(), tenant_id: h.tenant_id.clone(), index: h.index_arc() })
+            .collect();
+        let (format, content_type) =
+            if compact { (Format::Compact, binary::MEDIA_TYPE) } else { (Format::Json, "application/json") };
         s.out.clear();
-        dump::write_dump(&mut s.out, &entries);
-        Ok(Reply::json(200))
+        Ok(Reply { content_type, stream: Some(Box::new(DumpStream::new(format, sources))), ..Reply::json(200) })
     }
 
     fn peer(&self, body: &[u8], s: &mut Scratch, add: bool) -> Answer {
@@ -380,7 +405,7 @@ impl Api {
         }
         s.out.clear();
         s.out.extend_from_slice(p.text.as_bytes());
-        Ok(Reply { status: 200, content_type: "text/plain; version=0.0.4", header: None })
+        Ok(Reply { status: 200, content_type: "text/plain; version=0.0.4", header: None, stream: None })
     }
 
     /// Checks the method and the admin token, then answers.
@@ -405,7 +430,7 @@ impl Api {
             Route::Health => self.health(s),
             Route::Metrics => self.metrics_text(s),
             Route::Workers => self.workers(req.query, s),
-            Route::Dump => self.dump(s),
+            Route::Dump => self.dump(s, req.accepts_compact_dump),
             Route::Peers => json(s, &self.peers.list()),
             Route::Register => self.register(body, s),
             Route::Unregister => self.unregister(body, s),

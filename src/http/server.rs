@@ -104,6 +104,52 @@ fn write_reply(w: &mut dyn Write, reply: &Reply, length: usize, body: &[u8], clo
     w.write_all(buf).is_ok()
 }
 
+/// Writes a reply whose body comes in pieces from `stream`: chunked on
+/// HTTP/1.1, until the connection closes on 1.0. Each piece goes out
+/// before the next is made, so a slow reader holds one piece, and the
+/// socket's write timeout ends a stalled one. False if the client went
+/// away (or the dump could not be sent whole): the connection closes.
+fn write_streamed(
+    w: &mut dyn Write,
+    reply: &mut Reply,
+    head_only: bool,
+    http11: bool,
+    close: bool,
+    piece: &mut Vec<u8>,
+    buf: &mut Vec<u8>,
+) -> bool {
+    buf.clear();
+    let (status, kind) = (reply.status, reply.content_type);
+    let _ = write!(buf, "HTTP/1.1 {status} {}\r\nContent-Type: {kind}\r\n", reason(status));
+    if http11 {
+        buf.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+    }
+    if let Some(h) = &reply.header {
+        let _ = write!(buf, "{h}\r\n");
+    }
+    buf.extend_from_slice(if close || !http11 { b"Connection: close\r\n\r\n" } else { b"\r\n" });
+    if w.write_all(buf).is_err() {
+        return false;
+    }
+    let Some(stream) = reply.stream.as_mut().filter(|_| !head_only) else { return true };
+    loop {
+        piece.clear();
+        let more = stream.fill(piece);
+        if !piece.is_empty() {
+            buf.clear();
+            if http11 {
+                let _ = write!(buf, "{:x}\r\n", piece.len());
+            }
+            if w.write_all(buf).is_err() || w.write_all(piece).is_err() || (http11 && w.write_all(b"\r\n").is_err()) {
+                return false;
+            }
+        }
+        if !more {
+            return !http11 || w.write_all(b"0\r\n\r\n").is_ok();
+        }
+    }
+}
+
 impl HttpServer {
     /// Binds `host:port` (and `unix_socket`) and starts serving.
     pub fn start(
@@ -259,17 +305,27 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
             }
         };
         let authorization = head.authorization.as_deref();
-        let incoming = Incoming { route, method: &head.method, path, query, body, authorization };
+        let accepts_compact_dump = head.accepts_compact_dump;
+        let incoming = Incoming { route, method: &head.method, path, query, body, authorization, accepts_compact_dump };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.api.handle(&incoming, &mut scratch)));
-        let reply = run.unwrap_or_else(|_| {
+        let mut reply = run.unwrap_or_else(|_| {
             crate::error!("internal error handling {} {path}; the request was refused", head.method);
             scratch = Scratch::default();
             Reply::error(&mut scratch.out, 500, "internal error")
         });
         let close = head.close || s.stop.load(Ordering::Relaxed);
-        // A reply to HEAD announces its body's length but sends none.
-        let sent = if head.method == "HEAD" { &[][..] } else { &scratch.out[..] };
-        let written = write_reply(&mut conn.sock, &reply, scratch.out.len(), sent, close, &mut head_buf);
+        let head_only = head.method == "HEAD";
+        let written = if reply.stream.is_some() {
+            let (sock, out) = (&mut conn.sock, &mut scratch.out);
+            let sent = write_streamed(sock, &mut reply, head_only, head.http11, close, out, &mut head_buf);
+            // A 1.0 client reads the body to the connection's end.
+            sent && head.http11
+        } else {
+            // A reply to HEAD announces its body's length but sends none.
+            let sent = if head_only { &[][..] } else { &scratch.out[..] };
+            write_reply(&mut conn.sock, &reply, scratch.out.len(), sent, close, &mut head_buf)
+        };
+        drop(reply.stream.take());
         finish(s, wall, &mut head, route, scratch.has_model.then_some(scratch.model.as_str()), reply.status, started);
         scratch.release_large();
         if !written || close {

@@ -125,6 +125,22 @@ impl ApplyCounters {
         }
     }
 
+    /// Adds every count of `other` (what a staged load counted, once it is kept).
+    pub fn add_all(&self, other: &ApplyCounters) {
+        let r = Ordering::Relaxed;
+        let pairs = |a: &[AtomicU64], b: &[AtomicU64]| {
+            for (x, y) in a.iter().zip(b) {
+                x.fetch_add(y.load(r), r);
+            }
+        };
+        pairs(&self.events, &other.events);
+        pairs(&self.blocks, &other.blocks);
+        for (a, b) in self.applied.iter().zip(&other.applied) {
+            pairs(a, b);
+        }
+        self.duplicate_store.fetch_add(other.duplicate_store.load(r), r);
+    }
+
     /// Counts events skipped for their residency domain, by type (stored, removed, cleared).
     pub fn add_unsupported_residency(&self, by_type: [u64; 3]) {
         for (t, n) in by_type.into_iter().enumerate() {

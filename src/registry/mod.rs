@@ -14,6 +14,9 @@ pub mod event_status;
 mod limits_tests;
 pub mod readiness;
 pub mod state_metrics;
+mod swap;
+
+pub use swap::IndexRef;
 
 use crate::dump::DumpEntry;
 use crate::event::{Event, StorageTier, WorkerId};
@@ -86,7 +89,7 @@ impl ShedLog {
 pub struct IndexHandle {
     pub model_name: String,
     pub tenant_id: String,
-    pub index: Index,
+    index: swap::IndexSlot,
     /// Placements routers booked (`/routed`), beside the index, never in it.
     pub predictions: Predictions,
     counters: Arc<ApplyCounters>,
@@ -97,9 +100,29 @@ pub struct IndexHandle {
 }
 
 impl IndexHandle {
+    /// The current index, for a short read or write.
+    pub fn index(&self) -> IndexRef {
+        self.index.get()
+    }
+
+    /// The current index, to hold for long (a streamed dump): holding it
+    /// pins no epoch.
+    pub fn index_arc(&self) -> Arc<Index> {
+        self.index.arc()
+    }
+
+    /// Puts `index` (of the same block size) in place of the current one,
+    /// whole: readers see the old one or the new one. For recovery, while
+    /// the ready gate holds every writer of this index: a write under way
+    /// elsewhere could land in the old one.
+    pub fn replace_index(&self, index: Index) {
+        debug_assert_eq!(index.block_size(), self.index().block_size());
+        self.index.replace(index);
+    }
+
     /// Drops every block and booking of `worker` and forgets it.
     pub fn remove_worker(&self, worker: WorkerId) {
-        self.index.remove_worker(worker);
+        self.index().remove_worker(worker);
         self.predictions.drop_worker(worker);
     }
 
@@ -108,8 +131,8 @@ impl IndexHandle {
         DumpEntry {
             model_name: self.model_name.clone(),
             tenant_id: self.tenant_id.clone(),
-            block_size: self.index.block_size(),
-            events: self.index.dump_events(),
+            block_size: self.index().block_size(),
+            events: self.index().dump_events(),
         }
     }
 
@@ -136,9 +159,9 @@ impl IndexHandle {
 
     /// Loads a dump (a peer's or a snapshot's) into the index, each event
     /// counted and its bookings confirmed as a live one's would be.
-    pub fn load(&self, events: &[crate::index::DumpEvent]) -> crate::index::Loaded {
+    pub fn load(&self, events: Vec<crate::index::DumpEvent>) -> crate::index::Loaded {
         let mut noted = Noted::new(self);
-        let loaded = self.index.load_dump(events, |e, o| noted.note(e, o));
+        let loaded = self.index().load_dump_owned(events, |e, o| noted.note(e, o));
         noted.finish();
         loaded
     }
@@ -147,7 +170,7 @@ impl IndexHandle {
     /// the counters; `seen` gets each outcome.
     fn apply_each(&self, events: &[Event], mut seen: impl FnMut(&ApplyOutcome)) {
         let mut noted = Noted::new(self);
-        self.index.apply_all(events, |e, o| {
+        self.index().apply_all(events, |e, o| {
             noted.note(e, o);
             seen(o);
         });
@@ -193,7 +216,7 @@ impl EventSink for IndexHandle {
     }
 
     fn retain_held(&self, worker: WorkerId, tier: StorageTier, engine_hashes: &mut Vec<u64>) {
-        self.index.retain_held(worker, tier, engine_hashes);
+        self.index().retain_held(worker, tier, engine_hashes);
     }
 
     fn remove_worker(&self, worker: WorkerId) {
@@ -377,12 +400,7 @@ impl Registry {
                 Arc::new(IndexHandle {
                     model_name: model_name.to_string(),
                     tenant_id: tenant_id.to_string(),
-                    index: Index::new(IndexConfig {
-                        block_size,
-                        jump: self.jump,
-                        depth_max: 0,
-                        budget: self.budget.clone(),
-                    }),
+                    index: swap::IndexSlot::new(self.new_index(block_size)),
                     predictions: Predictions::new(self.predict.clone()),
                     counters: self.counters.clone(),
                     budget: self.budget.clone(),
@@ -392,13 +410,27 @@ impl Registry {
             })
             .value()
             .clone();
-        if handle.index.block_size() != block_size {
+        if handle.index().block_size() != block_size {
             return Err(RegistryError::Conflict(format!(
                 "model={model_name:?} tenant={tenant_id:?} has block_size {}, not {block_size}",
-                handle.index.block_size()
+                handle.index().block_size()
             )));
         }
         Ok(handle)
+    }
+
+    /// An index as this registry makes them (its jump, the shared budget),
+    /// in no handle yet: recovery stages a peer's dump in it.
+    pub fn new_index(&self, block_size: u32) -> Index {
+        Index::new(IndexConfig { block_size, jump: self.jump, depth_max: 0, budget: self.budget.clone() })
+    }
+
+    /// Puts a staged index (`new_index`) in place of (model, tenant)'s,
+    /// creating its handle if absent; checked as `index_or_create` is.
+    pub fn install_index(&self, model_name: &str, tenant_id: &str, index: Index) -> Result<(), RegistryError> {
+        let handle = self.index_or_create(model_name, tenant_id, index.block_size())?;
+        handle.replace_index(index);
+        Ok(())
     }
 
     /// Registers an engine's publisher and starts listening to it.
@@ -447,7 +479,7 @@ impl Registry {
             Ok(id) => id,
             Err(e) => {
                 // Leave no trace of a refused registration.
-                if !existed && handle.index.workers().is_empty() {
+                if !existed && handle.index().workers().is_empty() {
                     self.indexes.remove(&key);
                 }
                 return Err(match e {
@@ -557,7 +589,7 @@ impl Registry {
             if h.model_name != model_name || tenant_id.is_some_and(|t| h.tenant_id != t) {
                 continue;
             }
-            for w in h.index.workers() {
+            for w in h.index().workers() {
                 if w.instance_id == instance_id && dp_rank.is_none_or(|d| w.dp_rank == d) {
                     held.push((h.clone(), w));
                 }
@@ -591,7 +623,7 @@ impl Registry {
                 r.worker.instance_id,
                 r.worker.dp_rank
             );
-            let workers = h.index.workers().into_iter();
+            let workers = h.index().workers().into_iter();
             let orphans = workers.filter(|w| w.instance_id == instance_id && !registered.contains_key(w));
             std::iter::once(r.worker.dp_rank).chain(orphans.map(|w| w.dp_rank)).collect()
         });
@@ -649,7 +681,7 @@ impl Registry {
             return Err(RegistryError::NotFound(format!("no indexer for model={} tenant={tenant}", req.model_name)));
         };
         let registered = h.registered();
-        let book = |now| crate::predict::book(req, &h.index, &registered, &h.predictions, now);
+        let book = |now| crate::predict::book(req, &h.index(), &registered, &h.predictions, now);
         let now = crate::predict::now_ms();
         let mut booked = book(now);
         if let Err(RoutedError::Full { .. }) = booked {

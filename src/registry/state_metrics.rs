@@ -39,7 +39,7 @@ fn render_registry(p: &mut Prom, registry: &Registry, readiness: &Readiness, ind
 
 /// Each index's size, and the shared budget's cap and use.
 fn render_indexes(p: &mut Prom, registry: &Registry, indexes: &[Arc<IndexHandle>]) {
-    let stats: Vec<_> = indexes.iter().map(|h| h.index.stats()).collect();
+    let stats: Vec<_> = indexes.iter().map(|h| h.index().stats()).collect();
     for (i, name, help) in [
         (0, "kv_indexer_index_blocks", "Indexed entries (block, tier, worker group) per index."),
         (1, "kv_indexer_index_pairs", "Live (block, worker) pairs per index."),

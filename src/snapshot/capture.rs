@@ -31,7 +31,7 @@ pub fn capture(registry: &Registry) -> Result<Snapshot, String> {
             replay_endpoint: r.replay_endpoint,
             model_name: r.model_name,
             tenant_id: r.tenant_id,
-            block_size: h.index.block_size(),
+            block_size: h.index().block_size(),
         };
         registrations.push(SavedRegistration { args, last_seq: watermarks.get(&r.worker).copied() });
     }

@@ -207,13 +207,13 @@ fn drop_blocks(indexes: &mut [SavedIndex], m: &mut Merge<'_>, keys: &FxHashSet<W
 
 /// Applies `plan` to a fresh registry (ready gate closed). Err only when a
 /// command-line worker cannot be registered, as without a snapshot.
-pub fn restore(registry: &Registry, plan: Plan) -> Result<Restored, String> {
+pub fn restore(registry: &Registry, mut plan: Plan) -> Result<Restored, String> {
     for note in &plan.notes {
         crate::warn!("snapshot: {note}");
     }
     let t = std::time::Instant::now();
     let mut out = Restored::default();
-    for ix in &plan.indexes {
+    for ix in std::mem::take(&mut plan.indexes) {
         let handle = match registry.index_or_create(&ix.model_name, &ix.tenant_id, ix.block_size) {
             Ok(h) => h,
             Err(e) => {
@@ -222,8 +222,9 @@ pub fn restore(registry: &Registry, plan: Plan) -> Result<Restored, String> {
             }
         };
         out.indexes += 1;
-        handle.load(&ix.events);
         out.pairs += ix.pairs();
+        // Each index's events go as they are applied.
+        handle.load(ix.events);
     }
     for (worker, last, extra) in &plan.watermarks {
         match registry.ingest().seed_watermark(*worker, *last, extra) {

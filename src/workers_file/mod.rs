@@ -78,7 +78,7 @@ impl WorkersFile {
         let indexes: Vec<plan::IndexView> = registry
             .indexes()
             .iter()
-            .map(|h| ((h.model_name.clone(), h.tenant_id.clone()), h.index.block_size()))
+            .map(|h| ((h.model_name.clone(), h.tenant_id.clone()), h.index().block_size()))
             .collect();
         let p = match plan::plan(entries, &registered, &indexes) {
             Ok(p) => p,
