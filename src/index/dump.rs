@@ -37,7 +37,7 @@ use super::chain;
 use super::tree::{Shared, Tree};
 use super::workers::WorkerState;
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 /// One event of a dump: an event that stores held blocks (or, read from a
 /// peer's dump, any event), and where its first block hangs when the
@@ -99,15 +99,30 @@ impl Orphan {
 }
 
 /// What a receiver will know of one worker while applying its events.
-#[derive(Default)]
 struct Known {
-    /// Per tier, engine hash -> block.
+    /// The worker holds blocks in more than one tier: names resolve across
+    /// tiers, so `by_hash` is kept. With one tier, a hash emitted for a
+    /// block always resolves to it there, and nothing else is needed.
+    multi: bool,
+    /// Per tier, engine hash -> block (only when `multi`).
     by_hash: [FxHashMap<u64, u32>; 4],
-    /// Per block, the hashes emitted for it (any tier).
-    by_block: FxHashMap<u32, Vec<u64>>,
+    /// Per block, the first hash emitted for it (any tier)...
+    first: FxHashMap<u32, u64>,
+    /// ...and the others, in the order emitted (aliases, other tiers).
+    more: FxHashMap<u32, Vec<u64>>,
 }
 
 impl Known {
+    fn new(multi: bool, blocks: usize) -> Known {
+        let by_hash = if multi {
+            std::array::from_fn(|_| FxHashMap::with_capacity_and_hasher(blocks / 2, Default::default()))
+        } else {
+            Default::default()
+        };
+        let first = FxHashMap::with_capacity_and_hasher(blocks, Default::default());
+        Known { multi, by_hash, first, more: FxHashMap::default() }
+    }
+
     /// How `Writer::parent_block` will resolve `hash` for a block of `tier`.
     fn resolve(&self, tier: usize, hash: u64) -> Option<u32> {
         if let Some(&id) = self.by_hash[tier].get(&hash) {
@@ -119,21 +134,38 @@ impl Known {
         (0..4).filter(|&t| t != tier).find_map(|t| self.by_hash[t].get(&hash).copied())
     }
 
+    /// The hashes emitted for `block`, in the order emitted.
+    fn names(&self, block: u32) -> impl Iterator<Item = u64> + '_ {
+        let first = self.first.get(&block).copied();
+        let more = first.and_then(|_| self.more.get(&block)).into_iter().flatten().copied();
+        first.into_iter().chain(more)
+    }
+
     /// A hash emitted for `block` that resolves to it from `tier`.
     fn name(&self, tier: usize, block: u32) -> Option<u64> {
-        self.by_block.get(&block)?.iter().copied().find(|&h| self.resolve(tier, h) == Some(block))
+        if !self.multi {
+            return self.first.get(&block).copied();
+        }
+        self.names(block).find(|&h| self.resolve(tier, h) == Some(block))
     }
 
     /// A hash emitted for `block` in some tier that the worker uses for no
     /// other block in any tier (so no receiver resolves it elsewhere).
     fn only_name(&self, block: u32, state: &WorkerState) -> Option<u64> {
         let names_only = |h: u64| state.records.iter().all(|r| r.get(h).is_none_or(|id| id == block));
-        self.by_block.get(&block)?.iter().copied().find(|&h| names_only(h))
+        self.names(block).find(|&h| names_only(h))
     }
 
     fn learn(&mut self, tier: usize, hash: u64, block: u32) {
-        self.by_hash[tier].insert(hash, block);
-        self.by_block.entry(block).or_default().push(hash);
+        if self.multi {
+            self.by_hash[tier].insert(hash, block);
+        }
+        match self.first.entry(block) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(hash);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => self.more.entry(block).or_default().push(hash),
+        }
     }
 }
 
@@ -141,32 +173,33 @@ struct Emitter<'a> {
     tree: &'a Tree,
     shared: &'a Shared,
     events: Vec<DumpEvent>,
-    /// (tier, engine hash of the last block of an open event) -> event index.
-    open: FxHashMap<(usize, u64), usize>,
+    /// (tier, block id of the last block of an open event) -> event index.
+    open: FxHashMap<(u8, u32), usize>,
     worker: WorkerId,
 }
 
 impl Emitter<'_> {
-    fn local(&self, id: u32) -> u64 {
-        let parent = self.tree.parent_of(self.shared, id);
+    /// The local hash of block `id` at `position` under `parent`.
+    fn local(&self, id: u32, parent: u32, position: u32) -> u64 {
         let pchain = (parent != NIL).then(|| self.tree.chain(self.shared, parent));
-        chain::local_of(pchain, self.tree.chain(self.shared, id), self.tree.position(self.shared, id))
+        chain::local_of(pchain, self.tree.chain(self.shared, id), position)
     }
 
-    /// Appends the block to the open event whose last block is its parent,
-    /// or starts an event (always for an orphan).
-    fn emit(&mut self, tier: usize, parent: Option<u64>, hash: u64, id: u32, orphan: Option<Orphan>) {
-        let block = StoredBlock { engine_hash: hash, local_hash: self.local(id) };
-        if let (Some(p), None) = (parent, &orphan) {
-            if let Some(i) = self.open.remove(&(tier, p)) {
-                if let EventKind::Stored { blocks, .. } = &mut self.events[i].event.kind {
-                    blocks.push(block);
-                }
-                self.open.insert((tier, hash), i);
-                return;
-            }
+    /// Appends block `id` to the open event of `tier` whose last block is
+    /// its parent; true if there was one.
+    fn extend(&mut self, tier: usize, parent: u32, id: u32, block: StoredBlock) -> bool {
+        let Some(i) = self.open.remove(&(tier as u8, parent)) else { return false };
+        if let EventKind::Stored { blocks, .. } = &mut self.events[i].event.kind {
+            blocks.push(block);
         }
-        self.open.insert((tier, hash), self.events.len());
+        self.open.insert((tier as u8, id), i);
+        true
+    }
+
+    /// Starts an event with block `id` (an orphan's, or one under a block
+    /// that ends no open event), under the parent hash `parent`.
+    fn start(&mut self, tier: usize, parent: Option<u64>, id: u32, block: StoredBlock, orphan: Option<Orphan>) {
+        self.open.insert((tier as u8, id), self.events.len());
         let event = Event::stored(self.worker, StorageTier::ALL[tier], parent, vec![block]);
         self.events.push(DumpEvent { event, orphan });
     }
@@ -181,26 +214,32 @@ fn mix(mut x: u64) -> u64 {
 
 /// The events that say which blocks one worker holds.
 pub(crate) fn dump_worker(tree: &Tree, shared: &Shared, state: &WorkerState) -> Vec<DumpEvent> {
-    let mut blocks: Vec<(u32, usize, u64, u32)> = Vec::new();
-    let mut used: FxHashSet<u64> = FxHashSet::default();
+    let total: usize = state.records.iter().map(|r| r.len()).sum();
+    let tiers = state.records.iter().filter(|r| r.len() > 0).count();
+    // (position, tier, hash, id, parent id)
+    let mut blocks: Vec<(u32, u8, u64, u32, u32)> = Vec::with_capacity(total);
     for (tier, records) in state.records.iter().enumerate() {
         for (hash, id) in records.iter() {
-            used.insert(hash);
-            blocks.push((tree.position(shared, id), tier, hash, id));
+            blocks.push((tree.position(shared, id), tier as u8, hash, id, tree.parent_of(shared, id)));
         }
     }
     // Parents first; device first within a position so lower tiers can hang off it.
-    blocks.sort_unstable_by_key(|&(pos, tier, hash, _)| (pos, tier, hash));
-    let mut known = Known::default();
+    blocks.sort_unstable_by_key(|&(pos, tier, hash, _, _)| (pos, tier, hash));
+    let mut known = Known::new(tiers > 1, total);
     // Per tier, missing ancestors an orphan listed -> that orphan's hash.
     let mut listed: FxHashMap<(usize, u32), u64> = FxHashMap::default();
-    let mut e = Emitter { tree, shared, events: Vec::new(), open: FxHashMap::default(), worker: state.id };
-    for (pos, tier, hash, id) in blocks {
-        let parent = tree.parent_of(shared, id);
+    let open = FxHashMap::with_capacity_and_hasher(total.min(1 << 16), Default::default());
+    let mut e = Emitter { tree, shared, events: Vec::new(), open, worker: state.id };
+    let used = |h: u64| state.records.iter().any(|r| r.get(h).is_some());
+    for (pos, tier, hash, id, parent) in blocks {
+        let tier = tier as usize;
+        let block = StoredBlock { engine_hash: hash, local_hash: e.local(id, parent, pos) };
         if parent == NIL {
-            e.emit(tier, None, hash, id, None);
+            e.start(tier, None, id, block, None);
+        } else if e.extend(tier, parent, id, block) {
+            // Under the last block of an open event of its tier: the event's chain goes on.
         } else if let Some(p) = known.name(tier, parent) {
-            e.emit(tier, Some(p), hash, id, None);
+            e.start(tier, Some(p), id, block, None);
         } else {
             // Up to the nearest ancestor the worker holds here, or one an
             // earlier orphan listed, or the root.
@@ -222,17 +261,22 @@ pub(crate) fn dump_worker(tree: &Tree, shared: &Shared, state: &WorkerState) -> 
             for &m in &missing {
                 listed.insert((tier, m), hash);
             }
-            let orphan = Orphan { position: pos, anchor, missing: missing.iter().rev().map(|&m| e.local(m)).collect() };
+            let local_of = |m: u32| {
+                let position = tree.position(shared, m);
+                e.local(m, tree.parent_of(shared, m), position)
+            };
+            let orphan =
+                Orphan { position: pos, anchor, missing: missing.iter().rev().map(|&m| local_of(m)).collect() };
             debug_assert!(orphan.is_consistent());
             let parent_hash = known.only_name(parent, state).unwrap_or_else(|| {
                 // From content, not ids, so equal indexes dump equal events.
                 let mut h = mix(tree.chain(shared, parent));
-                while used.contains(&h) {
+                while used(h) {
                     h = mix(h);
                 }
                 h
             });
-            e.emit(tier, Some(parent_hash), hash, id, Some(orphan));
+            e.start(tier, Some(parent_hash), id, block, Some(orphan));
         }
         known.learn(tier, hash, id);
     }

@@ -201,7 +201,6 @@ pub(crate) struct Records {
 }
 
 impl Records {
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
