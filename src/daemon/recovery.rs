@@ -109,6 +109,7 @@ pub fn fetch_dump(
 pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_snapshot: bool) -> Recovered {
     let mut out = Recovered::default();
     for peer in peers {
+        let started = std::time::Instant::now();
         let mut staging = Staging::new(registry);
         let (skipped, format) = match fetch_dump(peer, timeout, &mut staging) {
             Ok(read) => read,
@@ -138,8 +139,9 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
             orphans: kept.loaded.orphans,
         };
         crate::info!(
-            "recovered from peer {peer} ({format} dump): {} index(es), {} events, {} blocks ({} chains under \
-             ancestors their worker does not hold), {} refused",
+            "recovered from peer {peer} ({format} dump) in {} ms: {} index(es), {} events, {} blocks ({} chains \
+             under ancestors their worker does not hold), {} refused",
+            started.elapsed().as_millis(),
             out.indexes,
             out.events,
             out.blocks_stored,

@@ -5,16 +5,17 @@
 //! A dump is a set of stored chains, not a log: Dynamo lists its lower-tier
 //! blocks one per event in hash-map order, children before parents, and
 //! the index refuses a store whose parent the worker does not hold. So a
-//! store that hangs under a hash its worker does not name yet waits, keyed
-//! by (worker, hash), and is applied as soon as an event stores a block of
-//! that hash for that worker (then what waited on its blocks, and so on);
-//! a dump of ours lists each worker's blocks parents first, so nothing of
-//! it ever waits. A remove or clear keeps its place: what still waits is
-//! applied first, in arrival order (refused for an unknown parent unless
-//! an earlier one placed its parent), as is what waits at the end. A
-//! parent cycle (a malformed dump) ends that way too. What waits is
-//! bounded by the caller (`Loader::with_waiting_max`): past it the load
-//! fails, and the caller drops what was loaded.
+//! store is tried as it comes; refused for its parent (which changes
+//! nothing), it is not counted but waits, keyed by (worker, hash it hangs
+//! under), and is applied as soon as an event stores a block of that hash
+//! for that worker (then what waited on its blocks, and so on). A dump of
+//! ours lists each worker's blocks parents first, so nothing of it ever
+//! waits. A remove or clear keeps its place: what still waits is applied
+//! first, in arrival order (refused for an unknown parent unless an
+//! earlier one placed its parent), as is what waits at the end. A parent
+//! cycle (a malformed dump) ends that way too. What waits is bounded by
+//! the caller (`Loader::with_waiting_max`): past it the load fails, and
+//! the caller drops what was loaded.
 //!
 //! An orphan (see `dump`) is placed by the writer itself: its missing
 //! ancestors go on the path under its anchor, held by nobody new (the
@@ -106,18 +107,26 @@ impl Loader {
             Some(o) => o.anchor,
             None => *parent,
         };
-        match above {
-            Some(h) if !index.names(e.event.worker, e.event.tier, h) => {
-                self.held_blocks += blocks.len() as u64;
-                if let Some(max) = self.waiting_max.filter(|&max| self.held_blocks > max) {
-                    return Err(TooManyWaiting { max });
-                }
-                self.arrived += 1;
-                self.waiting.entry((e.event.worker, h)).or_default().push(self.arrived);
-                self.held.insert(self.arrived, e);
-            }
-            _ => self.apply_and_release(index, e, seen),
+        let Some(h) = above else {
+            self.apply_and_release(index, e, seen);
+            return Ok(());
+        };
+        // Tried first: a store refused for its parent changes nothing (but
+        // the worker's slot), so it is not counted, and waits.
+        let n = blocks.len() as u32;
+        let o = self.store(index, &e);
+        if n == 0 || o.unknown_parent < n {
+            self.applied(&e, &o, seen);
+            self.release(index, e, o, seen);
+            return Ok(());
         }
+        self.held_blocks += u64::from(n);
+        if let Some(max) = self.waiting_max.filter(|&max| self.held_blocks > max) {
+            return Err(TooManyWaiting { max });
+        }
+        self.arrived += 1;
+        self.waiting.entry((e.event.worker, h)).or_default().push(self.arrived);
+        self.held.insert(self.arrived, e);
         Ok(())
     }
 
@@ -138,9 +147,15 @@ impl Loader {
 
     /// Applies `e`, then every store that waited for a block it stored.
     fn apply_and_release(&mut self, index: &super::Index, e: DumpEvent, seen: Seen<'_>) {
-        let mut stack = vec![e];
-        while let Some(e) = stack.pop() {
-            let o = self.apply(index, &e, seen);
+        let o = self.apply(index, &e, seen);
+        self.release(index, e, o, seen);
+    }
+
+    /// Applies, in turn, every store that waited for a block `e` stored
+    /// (`o`), and what waited for theirs.
+    fn release(&mut self, index: &super::Index, e: DumpEvent, o: ApplyOutcome, seen: Seen<'_>) {
+        let mut stack = vec![(e, o)];
+        while let Some((e, o)) = stack.pop() {
             if o.stored + o.duplicate == 0 || self.held.is_empty() {
                 continue;
             }
@@ -150,17 +165,34 @@ impl Loader {
                 for a in arrivals.into_iter().rev() {
                     if let Some(next) = self.held.remove(&a) {
                         self.held_blocks -= stored_blocks(&next);
-                        stack.push(next);
+                        let o = self.apply(index, &next, seen);
+                        stack.push((next, o));
                     }
                 }
             }
         }
     }
 
+    /// Applies `e` and counts it.
     fn apply(&mut self, index: &super::Index, e: &DumpEvent, seen: Seen<'_>) -> ApplyOutcome {
-        let DumpEvent { event, orphan } = e;
+        let o = self.store(index, e);
+        self.applied(e, &o, seen);
+        o
+    }
+
+    fn applied(&mut self, e: &DumpEvent, o: &ApplyOutcome, seen: Seen<'_>) {
         self.out.events += 1;
-        let o = match (orphan, &event.kind) {
+        if e.orphan.is_some() && matches!(e.event.kind, EventKind::Stored { .. }) {
+            self.out.orphans += u64::from(o.unknown_parent == 0);
+        }
+        self.out.add(o);
+        seen(&e.event, o);
+    }
+
+    /// Applies `e` to the index, uncounted.
+    fn store(&mut self, index: &super::Index, e: &DumpEvent) -> ApplyOutcome {
+        let DumpEvent { event, orphan } = e;
+        match (orphan, &event.kind) {
             (Some(orphan), EventKind::Stored { blocks, .. }) => {
                 let above = match (orphan.anchor, orphan.anchor_position()) {
                     _ if !orphan.is_consistent() => None,
@@ -168,18 +200,13 @@ impl Loader {
                     (Some(hash), Some(position)) => Some(Above::Ancestor { hash, position }),
                     (Some(_), None) => None,
                 };
-                let o = match above {
+                match above {
                     Some(above) => index.store_under(event.worker, event.tier, above, &orphan.missing, blocks),
                     None => ApplyOutcome { unknown_parent: blocks.len() as u32, ..ApplyOutcome::default() },
-                };
-                self.out.orphans += u64::from(o.unknown_parent == 0);
-                o
+                }
             }
             _ => index.apply(event),
-        };
-        self.out.add(&o);
-        seen(event, &o);
-        o
+        }
     }
 }
 

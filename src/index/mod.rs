@@ -405,13 +405,6 @@ impl Index {
         DumpCursor { cells: self.workers.read().cells(), next: 0, dumped: rustc_hash::FxHashSet::default() }
     }
 
-    /// Whether `worker` names a block by `hash` where a store of `tier`
-    /// looks for its parent (its own tier first, then, for lower tiers,
-    /// the others).
-    pub(crate) fn names(&self, worker: WorkerId, tier: StorageTier, hash: u64) -> bool {
-        self.with_worker(worker, false, |st| writer::parent_block(st, tier.index(), hash).is_some()).unwrap_or(false)
-    }
-
     /// Workers that have a slot in this index.
     pub fn workers(&self) -> Vec<WorkerId> {
         self.workers.read().ids()

@@ -213,7 +213,7 @@ impl Drop for Credit<'_> {
 /// The block a stored block's parent names for this worker: the same tier
 /// first; a lower-tier block may also hang off a block the worker holds in
 /// another tier. A device block needs a device parent.
-pub(crate) fn parent_block(st: &WorkerState, tier: usize, engine_hash: u64) -> Option<u32> {
+fn parent_block(st: &WorkerState, tier: usize, engine_hash: u64) -> Option<u32> {
     if let Some(id) = st.records[tier].get(engine_hash) {
         return Some(id);
     }
