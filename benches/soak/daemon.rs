@@ -29,6 +29,13 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `bin` with `args` on a free port and waits until it listens.
     pub fn start(bin: &str, args: &[String]) -> Daemon {
+        Daemon::start_noting(bin, args, "\0").0
+    }
+
+    /// `start`, and the log lines that contain `needle`, as they come.
+    pub fn start_noting(bin: &str, args: &[String], needle: &str) -> (Daemon, std::sync::mpsc::Receiver<String>) {
+        let (noted_tx, noted) = std::sync::mpsc::channel();
+        let needle = needle.to_string();
         let mut child = Command::new(bin)
             .args(["--port", "0", "--host", "127.0.0.1", "--no-pin"])
             .args(args)
@@ -43,6 +50,9 @@ impl Daemon {
         let l = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains(&needle) {
+                    let _ = noted_tx.send(line.clone());
+                }
                 if let Some(rest) = line.split(" listening on ").nth(1) {
                     let port = rest.split_whitespace().next().and_then(|a| a.rsplit(':').next()?.parse::<u16>().ok());
                     let _ = port_tx.send(port);
@@ -64,7 +74,7 @@ impl Daemon {
             }
         });
         let port = port_rx.recv_timeout(Duration::from_secs(20)).ok().flatten().expect("the daemon did not start");
-        Daemon { child, base: format!("http://127.0.0.1:{port}"), log }
+        (Daemon { child, base: format!("http://127.0.0.1:{port}"), log }, noted)
     }
 
     /// The daemon's process id.
