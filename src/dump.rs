@@ -73,9 +73,13 @@
 //! derives without `deny_unknown_fields`; `data` is an externally tagged
 //! enum, an object with exactly one key, so nothing may be added there.
 //!
-//! Writing is hand-rolled (a dump can hold millions of blocks); reading goes
-//! through serde, whose recursion limit bounds nesting; the body itself is
-//! bounded by `DUMP_BYTES_MAX`.
+//! Writing is hand-rolled (a dump can hold millions of blocks) and
+//! streamed from the live indexes (`stream`, which also says what a dump
+//! taken while events land promises); a kv-indexer peer gets the same
+//! events in a compact form (`binary`). Reading goes through serde, whose
+//! recursion limit bounds nesting, as the bytes arrive (`read_dump_json`):
+//! each event is handed to a `DumpSink` as soon as it is read, so no
+//! document is ever held whole.
 
 pub mod binary;
 pub mod stream;

@@ -33,7 +33,7 @@ pub struct Api {
     pub auth_refused: AtomicU64,
     /// The access log `/reopen_logs` reopens, if configured.
     pub access_log: Option<Arc<AccessLog>>,
-    /// Dumps being built or sent now (see `DUMPS_AT_ONCE_MAX`).
+    /// Dumps being sent now (see `DUMPS_AT_ONCE_MAX`).
     pub dumps: Arc<AtomicUsize>,
 }
 

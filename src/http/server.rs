@@ -4,7 +4,10 @@
 //! slot (up to `--http-connections-max`, past which a new connection is
 //! answered 503 and closed; `slots.rs`), which reads requests in turn
 //! (keep-alive; `conn.rs`), hands each to the `Api`, and writes the
-//! reply in one write. Time bounds every connection: it waits for a request
+//! reply in one write, or a streamed one (`/dump`) a piece at a time,
+//! chunked, each piece made only once the last was written, so a slow
+//! reader holds one piece and the socket's write timeout
+//! (`IDLE_TIMEOUT_MS`) ends a stalled one. Time bounds every connection: it waits for a request
 //! at most `IDLE_TIMEOUT_MS` (a new one at most the head timeout), a request
 //! head must arrive within `--http-head-timeout-s` of its first byte and its
 //! body within `--http-body-timeout-s` of the head, else 408 and close: a

@@ -882,3 +882,61 @@ fn a_slot_given_away_mid_query_never_answers_for_the_old_worker() {
     }
     assert!(checked > 5, "{checked}");
 }
+
+/// A dump taken a worker at a time (`DumpCursor`) while a writer of
+/// another worker is stopped at each point where it holds no lock of the
+/// index: the other workers are dumped meanwhile, each exactly as it
+/// holds, and the stopped worker, dumped after its event, as it holds
+/// then: each at one instant, none waiting for the stopped writer.
+#[test]
+fn a_dump_a_worker_at_a_time_runs_while_a_writer_is_stopped_anywhere_open() {
+    let chain = |first: u64, n: u64| blocks(&(first..first + n).map(|h| (h, h * 10)).collect::<Vec<_>>());
+    let events = [
+        Event::stored(w(1), DEV, Some(103), chain(104, 6)),
+        Event::removed(w(1), DEV, vec![102, 103]),
+        Event::stored(w(1), HOST, Some(101), chain(102, 3)),
+        Event::cleared(w(1)),
+    ];
+    for event in &events {
+        let mut k = 0;
+        loop {
+            let ix = index();
+            // Slots in order: workers 0 and 2 first, worker 1 last.
+            ix.apply(&Event::stored(w(0), DEV, None, chain(1, 5)));
+            ix.apply(&Event::stored(w(2), HOST, None, chain(1, 3)));
+            ix.apply(&Event::stored(w(1), DEV, None, chain(100, 4)));
+            let (before_0, before_2) = (worker_dump(&ix, w(0)), worker_dump(&ix, w(2)));
+            let cursor = Arc::new(parking_lot::Mutex::new(ix.dump_cursor()));
+            let got = Arc::new(parking_lot::Mutex::new(Vec::new()));
+            let (c, g, x) = (cursor.clone(), got.clone(), ix.clone());
+            let others: Vec<(usize, Point, Other)> = vec![(
+                k,
+                Point::Open,
+                Box::new(move || {
+                    let mut c = c.lock();
+                    for _ in 0..2 {
+                        g.lock().push(c.next_worker(&x).expect("workers 0 and 2"));
+                    }
+                }),
+            )];
+            let (_, reached) = interleave(|| ix.apply(event), others);
+            if k >= reached.open {
+                break;
+            }
+            let got = got.lock();
+            assert_eq!(got.len(), 2, "point {k}: the dump ran while the writer was stopped");
+            assert_eq!((got[0].clone(), got[1].clone()), (before_0.clone(), before_2.clone()), "point {k}");
+            let last = cursor.lock().next_worker(&ix).expect("worker 1");
+            assert_eq!(last, worker_dump(&ix, w(1)), "point {k}: worker 1 as it holds after its event");
+            assert!(cursor.lock().next_worker(&ix).is_none());
+            k += 1;
+        }
+        // A clear runs under the tree lock from end to end.
+        assert!(k > 0 || matches!(event.kind, EventKind::Cleared), "{event:?} passed no open point");
+    }
+}
+
+/// One worker's events in a whole dump.
+fn worker_dump(ix: &Index, worker: WorkerId) -> Vec<DumpEvent> {
+    ix.dump_events().into_iter().filter(|e| e.event.worker == worker).collect()
+}
