@@ -65,14 +65,23 @@ fn statuses(text: &str) -> Vec<u16> {
     while let Some(line_end) = rest.find("\r\n") {
         let status: u16 = rest[..line_end].split(' ').nth(1).and_then(|s| s.parse().ok()).expect(text);
         let head_end = rest.find("\r\n\r\n").expect(text) + 4;
-        let length = rest[..head_end]
-            .lines()
-            .find_map(|l| l.strip_prefix("Content-Length: "))
-            .map_or(0, |n| n.parse::<usize>().unwrap());
+        let head = &rest[..head_end];
+        let length =
+            head.lines().find_map(|l| l.strip_prefix("Content-Length: ")).map_or(0, |n| n.parse::<usize>().unwrap());
         if status != 100 {
             out.push(status);
         }
         rest = &rest[(head_end + length).min(rest.len())..];
+        // A streamed reply (`/dump`): chunks, up to the empty one.
+        if head.lines().any(|l| l == "Transfer-Encoding: chunked") {
+            while let Some(size_end) = rest.find("\r\n") {
+                let size = usize::from_str_radix(&rest[..size_end], 16).expect(text);
+                rest = &rest[(size_end + 2 + size + 2).min(rest.len())..];
+                if size == 0 {
+                    break;
+                }
+            }
+        }
     }
     out
 }
