@@ -219,13 +219,13 @@ fn a_dump_that_keeps_arriving_outlasts_the_timeout_and_a_silent_or_trickling_one
     let (ingest, r) = registry(Budget::unlimited());
     let large = [(5, 1 << 20, 60_000)];
     let body = dump_of(Format::Compact, &index_of(&large));
-    // Ten pieces, each well within the timeout, together well past it,
-    // each window bringing more than the least pace.
-    assert!(body.len() as u64 / 10 > PACE_BYTES_MIN, "{} bytes", body.len());
-    let pause = Duration::from_millis(150);
-    let slow = Answer { chunk: Some(body.len().div_ceil(10)), pause, ..Answer::new(binary::MEDIA_TYPE, body) };
+    // Thirty pieces, each well within the timeout, together three times
+    // past it, any three of them more than the least pace.
+    assert!(body.len() as u64 / 30 * 3 > PACE_BYTES_MIN, "{} bytes", body.len());
+    let pause = Duration::from_millis(100);
+    let slow = Answer { chunk: Some(body.len().div_ceil(30)), pause, ..Answer::new(binary::MEDIA_TYPE, body) };
     let (url, t) = peer(slow);
-    let got = recover(&r, std::slice::from_ref(&url), Duration::from_millis(600), false);
+    let got = recover(&r, std::slice::from_ref(&url), SECOND, false);
     assert_eq!(got.peer.as_deref(), Some(url.as_str()));
     assert_eq!(held(&r), pairs_of(&large));
     t.join().unwrap();
