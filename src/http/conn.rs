@@ -573,6 +573,26 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_compact_dump_is_asked_for_only_by_name_and_not_at_q_0() {
+        let media = crate::dump::binary::MEDIA_TYPE;
+        for (value, asked) in [
+            (format!("{media}, application/json;q=0.5"), true),
+            (format!("application/json, {}", media.to_uppercase()), true),
+            (format!("{media} ; q=0.9"), true),
+            (format!("{media};q=0"), false),
+            (format!("{media}; q = 0.0"), false),
+            ("application/json".to_string(), false),
+            ("*/*".to_string(), false),
+            (format!("{media}x"), false),
+        ] {
+            assert_eq!(accepts(value.as_bytes(), media), asked, "{value}");
+        }
+        let raw = format!("GET /dump HTTP/1.1\r\nAccept: application/json\r\nAccept: {media}\r\n\r\n");
+        assert!(head(raw.as_bytes()).unwrap().accepts_compact_dump, "any of several Accept headers");
+        assert!(!head(b"GET /dump HTTP/1.1\r\n\r\n").unwrap().accepts_compact_dump);
+    }
+
+    #[test]
     fn heads_past_their_limits_are_431() {
         let long = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(HEAD_BYTES_MAX));
         assert!(matches!(head(long.as_bytes()), Err(ReadError::HeadTooLarge)));
