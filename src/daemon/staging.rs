@@ -51,6 +51,8 @@ pub struct Staging<'r> {
     current: Option<usize>,
     counters: ApplyCounters,
     waiting_max: u64,
+    /// Staged indexes the registry does not have yet.
+    new_indexes: usize,
 }
 
 impl<'r> Staging<'r> {
@@ -62,6 +64,7 @@ impl<'r> Staging<'r> {
             current: None,
             counters: ApplyCounters::default(),
             waiting_max: registry.budget.pairs_max().unwrap_or(u64::MAX),
+            new_indexes: 0,
         }
     }
 
@@ -123,7 +126,7 @@ impl DumpSink for Staging<'_> {
             Some(format!("names must be 1..={NAME_BYTES_MAX} bytes"))
         } else if existing.is_some_and(|b| b != block_size) {
             Some(format!("block_size {block_size}, not this daemon's {}", existing.unwrap_or(0)))
-        } else if existing.is_none() && self.registry.indexes().len() + self.staged.len() >= INDEXES_MAX {
+        } else if existing.is_none() && self.registry.indexes().len() + self.new_indexes >= INDEXES_MAX {
             Some(format!("{INDEXES_MAX} (model, tenant) indexes exist already"))
         } else {
             None
@@ -132,6 +135,7 @@ impl DumpSink for Staging<'_> {
             crate::warn!("recovery: skipping model={model_name:?} tenant={tenant_id:?} of the dump: {why}");
             return Ok(());
         }
+        self.new_indexes += usize::from(existing.is_none());
         self.by_key.insert(key, self.staged.len());
         self.current = Some(self.staged.len());
         self.staged.push(Staged {
