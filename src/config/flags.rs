@@ -143,7 +143,7 @@ pub(crate) const FLAGS: &[Flag] = &[
         num(0, 600_000, |p, n| p.cfg.slow_joiner_ms = n)),
     flag("--peer-timeout-ms", "N", "10000",
         "longest wait for a peer's connection and each next bytes of its dump (not the whole dump); \
-         a window must bring 64 KiB",
+         past the first window, 64 KiB a window on average",
         num(1, 600_000, |p, n| p.cfg.peer_timeout_ms = n)),
     flag("--max-pairs", "N", "134217728",
         "cap on live (block, worker) pairs over all indexes; past it new blocks are refused and counted, \

@@ -22,8 +22,8 @@
 //! sent is refused past it (`index::Loader`). `--peer-timeout-ms` bounds
 //! the connection and each wait for the next bytes, not the whole dump, so
 //! a large dump that keeps arriving is never cut short; and so that a peer
-//! trickling bytes cannot hold startup either, each such window must bring
-//! `PACE_BYTES_MIN` (`Paced`).
+//! trickling bytes cannot hold startup either, past the first such window
+//! the dump must bring `PACE_BYTES_MIN` a window on average (`Paced`).
 
 use super::staging::Staging;
 use crate::dump::{binary, read_dump_json, ReadFailed, Skipped};
@@ -47,13 +47,16 @@ pub struct Recovered {
 
 /// Bytes read from a peer at a time.
 const READ_BUFFER_BYTES: usize = 1 << 20;
-/// Least a peer's dump must bring per `--peer-timeout-ms` (64 KiB; a dump
-/// of ours streams at hundreds of MB/s).
+/// Least a peer's dump must bring per `--peer-timeout-ms` on average once
+/// the first such window is over (64 KiB; a dump of ours streams at
+/// hundreds of MB/s).
 pub const PACE_BYTES_MIN: u64 = 64 << 10;
 
-/// A reader that fails once a whole window passed with fewer than
-/// `PACE_BYTES_MIN` bytes read in it (the socket's own timeout ends a
-/// single wait longer than the window).
+/// A reader that fails once, past the first window, fewer than
+/// `PACE_BYTES_MIN` bytes a window came on average (the socket's own
+/// timeout ends a single wait longer than a window). A small dump that
+/// comes slowly gets the first window free; a peer that trickles bytes
+/// cannot hold startup.
 struct Paced<R> {
     r: R,
     window: Duration,
@@ -66,16 +69,14 @@ impl<R: std::io::Read> std::io::Read for Paced<R> {
         let n = self.r.read(buf)?;
         self.bytes += n as u64;
         let elapsed = self.started.elapsed();
-        if elapsed >= self.window {
-            if self.bytes < PACE_BYTES_MIN && n > 0 {
-                let message = format!(
-                    "the peer sent {} bytes in {} ms, under {PACE_BYTES_MIN} per --peer-timeout-ms",
-                    self.bytes,
-                    elapsed.as_millis()
-                );
-                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, message));
-            }
-            (self.started, self.bytes) = (std::time::Instant::now(), 0);
+        let windows = (elapsed.as_nanos() / self.window.as_nanos().max(1)) as u64;
+        if n > 0 && windows >= 2 && self.bytes < PACE_BYTES_MIN.saturating_mul(windows - 1) {
+            let message = format!(
+                "the peer sent {} bytes in {} ms, under {PACE_BYTES_MIN} per --peer-timeout-ms",
+                self.bytes,
+                elapsed.as_millis()
+            );
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, message));
         }
         Ok(n)
     }
