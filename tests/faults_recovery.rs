@@ -139,7 +139,10 @@ fn no_peer_answering_in_full_starts_empty_and_says_so() {
         "{:?}",
         b.log()
     );
-    assert!(dump_facts(&b).is_empty(), "nothing of a broken dump was applied");
+    // The engines' held batches may drain as soon as the gate opens; the
+    // broken peers' instance must never show.
+    let broken: Vec<_> = dump_facts(&b).into_iter().filter(|f| f.0 == FAKE_INSTANCE).collect();
+    assert!(broken.is_empty(), "nothing of a broken dump was applied: {broken:?}");
 
     // The engines' rings still hold seq 0: replays rebuild everything.
     run_faulty(&mut engines, 60, &[&a, &b]);
