@@ -6,7 +6,7 @@ mod support;
 use serde_json::json;
 use support::daemon::Daemon;
 
-/// `peers::PEERS_MAX`, as ARCHITECTURE.md's limits state it.
+/// `peers::PEERS_MAX`, as docs/limits.md states it.
 const PEERS_MAX: usize = 256;
 
 #[test]

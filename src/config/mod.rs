@@ -14,7 +14,7 @@ use crate::registry::RegisterArgs;
 use flags::{Parsed, FLAGS};
 use std::path::PathBuf;
 
-/// Default cap of live (block, worker) pairs over all indexes (see ARCHITECTURE.md, "Limits").
+/// Default cap of live (block, worker) pairs over all indexes (see docs/limits.md).
 pub const MAX_PAIRS_DEFAULT: u64 = 1 << 27;
 
 /// Everything the daemon runs with.

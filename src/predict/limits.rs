@@ -12,7 +12,7 @@ pub const TTL_MS_DEFAULT: u64 = 2_000;
 /// Longest lifetime a booking may ask for (`ttl_ms`, `--predict-ttl-ms`).
 pub const TTL_MS_MAX: u64 = 60_000;
 /// Default cap on live predicted blocks over all indexes (`--predict-max-blocks`);
-/// about 50 bytes a block (see ARCHITECTURE.md, Limits).
+/// about 50 bytes a block (see docs/limits.md).
 pub const MAX_BLOCKS_DEFAULT: u64 = 1 << 20;
 
 /// Totals since start, in blocks (`kv_indexer_predicted_blocks_total`).
