@@ -643,4 +643,6 @@ fn seq_text(seq: Option<u64>) -> String {
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]
+mod review_tests;
+#[cfg(test)]
 mod tests;

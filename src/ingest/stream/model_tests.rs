@@ -74,9 +74,24 @@ pub(super) enum Step {
     Hole,
     /// `engine_gone_ms` passes.
     Gone,
+    /// The process restarts behind a proxy that keeps our connection up:
+    /// the same connection now carries the new process's batches.
+    ProxyRestart,
+    /// A muted ring answers again (a stalled ring thread resumes).
+    Unmute,
+    /// The process dies without the listener seeing it (a host gone
+    /// without a reset: the connection looks up until heartbeats time out).
+    Vanish,
+    /// With no process running, a new one binds the endpoints; the
+    /// listener has not reconnected yet (its backoff), but its ring
+    /// requests reach the new process.
+    Spawn,
 }
 
-const STEPS: [Step; 16] = [
+/// Steps a real deployment can take beyond `STEPS`, for exploration.
+pub(super) const EXTRA_STEPS: [Step; 4] = [Step::ProxyRestart, Step::Unmute, Step::Vanish, Step::Spawn];
+
+pub(super) const STEPS: [Step; 16] = [
     Step::Pub,
     Step::Lost,
     Step::Bad,
@@ -424,6 +439,26 @@ impl Run {
                 w.ring_lossy = true;
             }
             Step::Gone => self.pass(GONE_MS),
+            Step::ProxyRestart => {
+                if w.process.is_some() {
+                    w.spawn();
+                    let pid = w.pids;
+                    if let Some((conn, _)) = w.conn {
+                        w.conn = Some((conn, pid));
+                        w.last_sent = None;
+                    }
+                }
+            }
+            Step::Unmute => w.muted = false,
+            Step::Vanish => {
+                w.process = None;
+                w.truth.clear();
+            }
+            Step::Spawn => {
+                if w.process.is_none() {
+                    w.spawn();
+                }
+            }
         }
     }
 
@@ -455,6 +490,11 @@ impl Run {
         self.world.muted = false;
         if self.world.process.is_none() {
             self.world.spawn();
+        }
+        let live_pid = self.world.process.as_ref().map(|p| p.pid);
+        if self.world.conn.is_some_and(|(_, pid)| Some(pid) != live_pid) {
+            // The connection reaches a process that is gone: heartbeats end it.
+            self.disconnect();
         }
         if self.world.conn.is_none() {
             self.connect();
@@ -499,7 +539,8 @@ impl World {
             // What an undecodable batch did is unknown to anyone reading it.
             self.ring_lossy = true;
         }
-        if let Some((conn, pid)) = self.conn.filter(|_| !lost) {
+        let pid_now = p.pid;
+        if let Some((conn, pid)) = self.conn.filter(|&(_, pid)| !lost && pid == pid_now) {
             let b = batch(pid, seq, decodes, conn);
             self.last_sent = Some(batch(pid, seq, decodes, conn));
             self.pipe.push_back(b);
@@ -512,6 +553,7 @@ impl Run {
     pub(super) fn check(&self) -> Result<(), String> {
         let w = &self.world;
         let c = self.counters.snapshot();
+        self.check_held()?;
         if w.mixes != w.blind_mixes {
             return Err(format!("applied another process's batches over a worker's ({} times)", w.mixes));
         }
@@ -536,9 +578,42 @@ impl Run {
     }
 }
 
+impl Run {
+    /// The thread's held account against what the stream holds: every
+    /// batch added is subtracted when it leaves.
+    pub(super) fn check_held(&self) -> Result<(), String> {
+        let bytes: usize = self.stream.held.iter().map(Batch::bytes).sum();
+        let kept = self.stream.ask().and_then(|a| a.rolled.as_ref());
+        let kept_bytes: usize = kept.map_or(0, |k| k.iter().map(Batch::bytes).sum());
+        let kept_n = kept.map_or(0, Vec::len);
+        let (acc_bytes, gauge) = (self.held.bytes.get(), self.held.gauge.load(Ordering::Relaxed));
+        if acc_bytes != bytes + kept_bytes || gauge != (self.stream.held.len() + kept_n) as u64 {
+            return Err(format!(
+                "held account {acc_bytes} bytes, gauge {gauge}; the stream holds {} batches ({bytes} bytes) \
+                 and keeps {kept_n} ({kept_bytes} bytes)",
+                self.stream.held.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// What happened so far, one line each.
+    pub(super) fn trace(&self) -> String {
+        self.world.trace.join("\n")
+    }
+
+    /// The listener is removed (`Stream::end`): what the thread's held
+    /// account and gauge still count afterwards.
+    pub(super) fn remove(self) -> (usize, u64) {
+        let Run { stream, held, .. } = self;
+        let _ = stream.end(&held);
+        (held.bytes.get(), held.gauge.load(Ordering::Relaxed))
+    }
+}
+
 /// Runs `script` from `start`; the failure, with what led to it (the
 /// whole trace with `MODEL_TRACE` set).
-fn play(start: Start, script: &[Step]) -> Result<(), String> {
+pub(super) fn play(start: Start, script: &[Step]) -> Result<(), String> {
     let mut run = Run::new(start);
     for &step in script {
         run.step(step);
@@ -557,7 +632,7 @@ fn play(start: Start, script: &[Step]) -> Result<(), String> {
     })
 }
 
-fn starts() -> Vec<Start> {
+pub(super) fn starts() -> Vec<Start> {
     let mut out = Vec::new();
     for ring in [true, false] {
         for gate_open in [true, false] {
@@ -648,7 +723,13 @@ fn replay_one_script() {
     let script: Vec<Step> = steps
         .split(|c: char| c == ',' || c.is_whitespace())
         .filter(|w| !w.is_empty())
-        .map(|w| *STEPS.iter().find(|s| format!("{s:?}") == w).unwrap_or_else(|| panic!("no step {w}")))
+        .map(|w| {
+            *STEPS
+                .iter()
+                .chain(EXTRA_STEPS.iter())
+                .find(|s| format!("{s:?}") == w)
+                .unwrap_or_else(|| panic!("no step {w}"))
+        })
         .collect();
     std::env::set_var("MODEL_TRACE", "1");
     if let Err(e) = play(start, &script) {
