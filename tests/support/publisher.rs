@@ -346,6 +346,16 @@ impl TestPublisher {
         }
     }
 
+    /// The connection drops and the same process binds again (a network
+    /// blip, or the socket closed and reopened): seq, ring and cache stay.
+    pub fn blip(&mut self) {
+        let endpoint = self.endpoint.clone();
+        let old = std::mem::replace(&mut self.xpub, self.ctx.socket(zmq::XPUB).unwrap());
+        drop(old);
+        self.xpub = bind_xpub(&self.ctx, &endpoint);
+        self.subscriptions = 0;
+    }
+
     /// Publishes one batch of events; returns its seq.
     pub fn publish(&mut self, events: Vec<TestEvent>) -> u64 {
         for e in &events {
