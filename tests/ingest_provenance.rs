@@ -61,7 +61,7 @@ fn batches_held_for_a_slow_replay_never_reach_the_process_that_took_the_endpoint
     assert_eq!(credited(&sink, worker, &old), 0, "blocks of the dead process credited");
     let c = ingest.counters();
     assert_eq!(c.held_batches, 0);
-    assert!(c.dead_process_dropped >= 3, "{c:?}");
+    assert!(c.unproven_dropped >= 3, "{c:?}");
     assert!(c.restarts >= 1, "{c:?}");
 }
 

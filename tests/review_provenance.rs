@@ -77,8 +77,9 @@ fn a_restart_the_connection_hides_is_not_continued_as_the_old_process() {
     // The engine's socket outlives its process (as behind a proxy that
     // keeps our connection up): the new process's batches come on the
     // same connection. Its seq 0 is lost; its 1..=9 are below the
-    // watermark by less than `restart_seq_drop_min`, so they pass for
-    // duplicates, and its 10.. continue the old process's blocks.
+    // watermark but are not the batches kept for those seqs, so each is a
+    // restart, never a duplicate, and its 10.. never continue the old
+    // process's blocks.
     let worker = WorkerId::new(96, 0);
     let ingest = Ingest::start(test_config()).unwrap();
     let mut publisher = TestPublisher::new(PublisherConfig { seed: 96, ..PublisherConfig::default() });

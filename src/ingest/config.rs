@@ -102,9 +102,6 @@ pub struct IngestConfig {
     /// ring fill and the live stream refill them when the publisher is back.
     /// 0: never.
     pub engine_gone_ms: u64,
-    /// A seq this far below the watermark is a publisher restart even without a
-    /// reconnect (see the module doc).
-    pub restart_seq_drop_min: u64,
     /// Whether the ready gate starts open. Closed: listeners connect and hold
     /// batches until `open_ready_gate` (startup recovery).
     pub ready_gate_open: bool,
@@ -127,7 +124,6 @@ impl Default for IngestConfig {
             reconnect_ivl_max_ms: 5_000,
             heartbeat_ivl_ms: HEARTBEAT_MS_DEFAULT,
             engine_gone_ms: ENGINE_GONE_S_DEFAULT * 1_000,
-            restart_seq_drop_min: 4_096,
             ready_gate_open: true,
         }
     }

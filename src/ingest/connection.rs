@@ -117,10 +117,14 @@ impl Connection {
                 shared.set_disconnected(format!("lost connection to {endpoint}; reconnecting"));
             }
             return true;
-        } else if event == E::CLOSED.to_raw() {
-            // The connect failed (refused, timed out): the attempt is over.
-            self.handshaking = false;
-            return true;
+        } else if event == E::CLOSED.to_raw() || event == E::CONNECT_RETRIED.to_raw() {
+            // The connect failed (refused, timed out, no such address): the
+            // attempt is over (the socket's own retry is weeks away). After a
+            // handshake the drop says so first.
+            if !self.up {
+                self.handshaking = false;
+                return true;
+            }
         } else if event == E::HANDSHAKE_FAILED_PROTOCOL.to_raw()
             || event == E::HANDSHAKE_FAILED_NO_DETAIL.to_raw()
             || event == E::HANDSHAKE_FAILED_AUTH.to_raw()

@@ -89,9 +89,10 @@ counters! {
     /// Live batches dropped undecoded because the ingest budget was spent
     /// (each a gap its stream asks the engine's ring for).
     budget_dropped,
-    /// Live batches dropped because they came on a connection to a process
-    /// found gone (the engine restarted, or was gone past `engine_gone_ms`).
-    dead_process_dropped,
+    /// Live batches dropped because nothing showed they came from the engine
+    /// process the stream follows: a new process's ring (or a replay) then
+    /// brings back its own; a dead one's are gone.
+    unproven_dropped,
     /// Batches dropped because they named more dp ranks than a listener may track.
     dp_rank_limit_dropped,
     /// Workers removed through their shard.

@@ -432,14 +432,8 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, r: &mut Ro
     match msg {
         Control::Add(new) => {
             let NewListener { id, spec, first, monitor_base, shared, last_seq, ranks_written } = *new;
-            let stream = Stream::new(
-                spec.worker,
-                spec.endpoint.clone(),
-                spec.replay_endpoint.clone(),
-                last_seq,
-                ranks_written,
-                t.cfg.restart_seq_drop_min,
-            );
+            let stream =
+                Stream::new(spec.worker, spec.endpoint.clone(), spec.replay_endpoint.clone(), last_seq, ranks_written);
             let now = Instant::now();
             let mut l = Listener {
                 id,
@@ -590,7 +584,7 @@ impl Listener {
             if self.handshaken {
                 // Its connection dropped: what it received came before the
                 // drop and is read first (`closing`), then it is closed.
-                self.drive(t, now, |s, _, _| s.disconnected());
+                self.drive(t, now, |s, cx, p| s.disconnected(cx, p));
                 self.closing = true;
             } else {
                 self.close_attempt(t, poller, now);

@@ -29,10 +29,11 @@
 //! connection it came on. A batch with seq `s` on a proven connection:
 //!
 //! - `s == last + 1`: applied.
-//! - `s <= last`: a *restart* if `s == 0` or `s` is at least
-//!   `restart_seq_drop_min` (default 4096) below `last` (a proxy between us
-//!   and the engine can hide its reconnects); otherwise a stale
-//!   *duplicate*, dropped and counted.
+//! - `s <= last`: a stale *duplicate*, dropped and counted, only when it
+//!   is one of the last 64 batches dealt with and its payload digest
+//!   matches the one kept for that seq; any other step back is a
+//!   *restart* (a proxy between us and the engine can hide its reconnects,
+//!   so a new process may speak on an old connection).
 //! - `s > last + 1`: a *gap* `last+1..s`. With a replay endpoint the
 //!   listener asks for it (DEALER `[b"", from]`), from the watermark itself
 //!   so the ring's batch there proves it is the same process, holds the
@@ -78,9 +79,13 @@
 //! answers another batch `last` or nothing from there is another process's
 //! (a restart); one that starts past `last` rolled past the watermark, or
 //! is another process's too (a resync). Either way the workers are cleared,
-//! the watermark forgotten, held batches of older connections dropped, and
-//! the fill starts again from 0. A fill without a watermark binds the
-//! stream to the connection it was asked on when the ring first answers.
+//! the watermark forgotten, every held batch dropped (the fill then reads
+//! the ring to its end, which holds them too), and the fill starts again
+//! from 0. A fill without a watermark binds the stream to the connection it
+//! was asked on when the ring first answers, again dropping every held
+//! batch. A request running when its connection drops is dropped with it:
+//! a ring answer then would vouch for a connection that is gone, so the
+//! next connection asks afresh.
 //! A request nothing answers is asked again; the live batches held
 //! meanwhile wait at most `REPLAY_SPAN_TIMEOUTS` replay timeouts. The fill
 //! ends with the ring's end marker, or at the first live batch past the

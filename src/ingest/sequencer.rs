@@ -27,12 +27,18 @@ pub struct Watermark {
     pub digest: Option<u64>,
 }
 
+/// Batches dealt with lately whose digests are kept, to tell a duplicate
+/// from another process's batch of the same seq.
+pub(crate) const RECENT_BATCHES: usize = 64;
+
 /// How a batch's connection relates to the process that made `last`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Origin {
-    /// A connection to the same process: a step back is a duplicate unless
-    /// it is to seq 0 or large (a restart behind a proxy that kept our
-    /// connection up), a forward jump a gap of that process.
+    /// A connection to the same process: a step back is a duplicate only
+    /// if it repeats, byte for byte, one of the `RECENT_BATCHES` batches
+    /// dealt with last; any other is a restart (a proxy between us and the
+    /// engine can keep our connection up across one). A forward jump is a
+    /// gap of that process.
     Same,
     /// A connection not known to reach that process (a reconnect nothing
     /// verified, or a watermark kept from an earlier registration or a
@@ -84,10 +90,9 @@ pub(crate) struct Sequencer {
     /// older when the batches after it were given up as lost): what a ring
     /// is checked against.
     anchor: Option<Watermark>,
-    /// A drop of at least this many below the watermark is a restart even
-    /// on the same connection (a proxy between us and the engine hides its
-    /// reconnects).
-    restart_seq_drop_min: u64,
+    /// (seq + 1, digest) of the batches dealt with lately whose digest is
+    /// known, at seq modulo `RECENT_BATCHES` (0: none there).
+    recent: Box<[(u64, u64); RECENT_BATCHES]>,
     /// Seqs `lo..=hi` a ring fill applied that the live stream of
     /// connection `conn` may still deliver (a publisher sends a batch live
     /// and keeps it in its ring): such a copy is a duplicate whatever its
@@ -100,14 +105,27 @@ pub(crate) struct Sequencer {
 impl Sequencer {
     /// A sequencer resuming from `last` (kept across unregister/register,
     /// or seeded from a snapshot).
-    pub(crate) fn new(last: Option<Watermark>, restart_seq_drop_min: u64) -> Self {
-        Self {
+    pub(crate) fn new(last: Option<Watermark>) -> Self {
+        let mut s = Self {
             last: last.map(|w| w.seq),
             digest: last.and_then(|w| w.digest),
             anchor: last.filter(|w| w.digest.is_some()),
-            restart_seq_drop_min: restart_seq_drop_min.max(1),
+            recent: Box::new([(0, 0); RECENT_BATCHES]),
             filled: None,
+        };
+        if let Some(Watermark { seq, digest: Some(d) }) = last {
+            s.remember(seq, d);
         }
+        s
+    }
+
+    fn remember(&mut self, seq: u64, digest: u64) {
+        self.recent[(seq % RECENT_BATCHES as u64) as usize] = (seq.wrapping_add(1), digest);
+    }
+
+    /// Whether batch `seq` with `digest` is one dealt with lately.
+    fn dealt_with(&self, seq: u64, digest: u64) -> bool {
+        self.recent[(seq % RECENT_BATCHES as u64) as usize] == (seq.wrapping_add(1), digest)
     }
 
     /// The highest seq dealt with, if any.
@@ -127,17 +145,17 @@ impl Sequencer {
         self.anchor
     }
 
-    /// Judges a live batch that came as `origin` says.
-    pub(crate) fn judge_live(&self, seq: u64, origin: Origin) -> Verdict {
+    /// Judges a live batch, with its payload's digest, that came as
+    /// `origin` says.
+    pub(crate) fn judge_live(&self, seq: u64, origin: Origin, digest: u64) -> Verdict {
         let Some(last) = self.last else {
             return if seq == 0 { Verdict::Apply } else { Verdict::Gap { from: 0, to: seq, fresh: true } };
         };
         if seq <= last {
-            let drop = last - seq;
-            if seq == 0 || origin != Origin::Same || drop >= self.restart_seq_drop_min {
-                return Verdict::Restart;
+            if origin == Origin::Same && self.dealt_with(seq, digest) {
+                return Verdict::Duplicate;
             }
-            return Verdict::Duplicate;
+            return Verdict::Restart;
         }
         if seq == last + 1 {
             Verdict::Apply
@@ -155,7 +173,7 @@ impl Sequencer {
     pub(crate) fn judge_replayed(&self, seq: u64) -> Verdict {
         match self.last {
             Some(last) if seq <= last => Verdict::Duplicate,
-            _ => self.judge_live(seq, Origin::Same),
+            _ => self.judge_live(seq, Origin::Same, 0),
         }
     }
 
@@ -165,17 +183,24 @@ impl Sequencer {
         debug_assert!(self.last.is_none_or(|last| seq > last), "watermark must only move forward");
         self.last = Some(seq);
         self.digest = digest;
-        if digest.is_some() {
+        if let Some(d) = digest {
             self.anchor = Some(Watermark { seq, digest });
+            self.remember(seq, d);
         }
     }
 
-    /// Whether live batch `seq` of connection `conn` is a copy of one a
-    /// fill applied (drop it); the copies still owed are then those after it.
-    pub(crate) fn take_filled_copy(&mut self, seq: u64, conn: u32) -> bool {
+    /// Whether live batch `seq` of connection `conn`, with `digest`, is a
+    /// copy of one a fill applied (drop it); the copies still owed are then
+    /// those after it. One still among the recent ones must match it byte
+    /// for byte: another process's batch of the same seq is no copy.
+    pub(crate) fn take_filled_copy(&mut self, seq: u64, conn: u32, digest: u64) -> bool {
         let Some(f) = self.filled.filter(|f| f.conn == conn && (f.lo..=f.hi).contains(&seq)) else {
             return false;
         };
+        let slot = self.recent[(seq % RECENT_BATCHES as u64) as usize];
+        if slot.0 == seq.wrapping_add(1) && slot.1 != digest {
+            return false;
+        }
         self.filled = (seq < f.hi).then_some(Filled { lo: seq + 1, ..f });
         true
     }
@@ -202,6 +227,7 @@ impl Sequencer {
         self.last = None;
         self.digest = None;
         self.anchor = None;
+        self.recent.fill((0, 0));
         self.filled = None;
     }
 }
@@ -210,82 +236,86 @@ impl Sequencer {
 mod tests {
     use super::*;
 
-    const WINDOW: u64 = 100;
     const SAME: Origin = Origin::Same;
     const REJOIN: Origin = Origin::New { rejoin: true };
     const KEPT: Origin = Origin::New { rejoin: false };
 
+    /// Batches 0..=last dealt with, batch n's digest being n + 100.
     fn at(last: u64) -> Sequencer {
-        let mut s = Sequencer::new(None, WINDOW);
-        s.accept(last, None);
+        let mut s = Sequencer::new(None);
+        for seq in 0..=last {
+            s.accept(seq, Some(seq + 100));
+        }
         s
     }
 
     #[test]
     fn in_order_batches_apply() {
-        let mut s = Sequencer::new(None, WINDOW);
-        assert_eq!(s.judge_live(0, SAME), Verdict::Apply);
+        let mut s = Sequencer::new(None);
+        assert_eq!(s.judge_live(0, SAME, 1), Verdict::Apply);
         s.accept(0, None);
-        assert_eq!(s.judge_live(1, SAME), Verdict::Apply);
+        assert_eq!(s.judge_live(1, SAME, 1), Verdict::Apply);
         s.accept(1, None);
         assert_eq!(s.last(), Some(1));
     }
 
     #[test]
     fn first_batch_after_zero_is_a_fresh_gap() {
-        let s = Sequencer::new(None, WINDOW);
-        assert_eq!(s.judge_live(7, SAME), Verdict::Gap { from: 0, to: 7, fresh: true });
-        assert_eq!(s.judge_live(7, REJOIN), Verdict::Gap { from: 0, to: 7, fresh: true });
+        let s = Sequencer::new(None);
+        assert_eq!(s.judge_live(7, SAME, 1), Verdict::Gap { from: 0, to: 7, fresh: true });
+        assert_eq!(s.judge_live(7, REJOIN, 1), Verdict::Gap { from: 0, to: 7, fresh: true });
     }
 
     #[test]
     fn skipped_seqs_are_a_gap() {
-        assert_eq!(at(10).judge_live(14, SAME), Verdict::Gap { from: 11, to: 14, fresh: false });
+        assert_eq!(at(10).judge_live(14, SAME, 1), Verdict::Gap { from: 11, to: 14, fresh: false });
     }
 
     #[test]
-    fn a_small_step_back_on_the_same_connection_is_a_duplicate() {
-        let s = at(10);
-        assert_eq!(s.judge_live(10, SAME), Verdict::Duplicate);
-        assert_eq!(s.judge_live(3, SAME), Verdict::Duplicate);
+    fn a_step_back_is_a_duplicate_only_if_it_repeats_a_recent_batch_exactly() {
+        let s = at(100);
+        assert_eq!(s.judge_live(100, SAME, 200), Verdict::Duplicate);
+        assert_eq!(s.judge_live(40, SAME, 140), Verdict::Duplicate);
+        assert_eq!(s.judge_live(40, SAME, 141), Verdict::Restart, "another batch 40: another process");
+        // Older than what is kept: nothing tells it from another process's.
+        assert_eq!(s.judge_live(36, SAME, 136), Verdict::Restart);
+        assert_eq!(s.judge_live(0, SAME, 100), Verdict::Restart);
+        // Batch 0 itself, repeated while it is recent, is a duplicate.
+        assert_eq!(at(3).judge_live(0, SAME, 100), Verdict::Duplicate);
     }
 
     #[test]
-    fn seq_zero_below_the_watermark_is_a_restart() {
-        assert_eq!(at(10).judge_live(0, SAME), Verdict::Restart);
-        assert_eq!(at(0).judge_live(0, SAME), Verdict::Restart);
-    }
-
-    #[test]
-    fn a_large_drop_is_a_restart() {
-        let s = at(1000);
-        assert_eq!(s.judge_live(1000 - WINDOW, SAME), Verdict::Restart);
-        assert_eq!(s.judge_live(1000 - WINDOW + 1, SAME), Verdict::Duplicate);
+    fn a_batch_given_up_as_lost_is_not_known_again() {
+        let mut s = at(5);
+        s.accept(7, None);
+        assert_eq!(s.judge_live(7, SAME, 107), Verdict::Restart);
+        assert_eq!(s.judge_live(5, SAME, 105), Verdict::Duplicate);
     }
 
     #[test]
     fn any_step_back_on_a_new_connection_is_a_restart() {
         let s = at(10);
         for origin in [REJOIN, KEPT] {
-            assert_eq!(s.judge_live(9, origin), Verdict::Restart);
-            assert_eq!(s.judge_live(10, origin), Verdict::Restart);
+            assert_eq!(s.judge_live(9, origin, 109), Verdict::Restart);
+            assert_eq!(s.judge_live(10, origin, 110), Verdict::Restart);
             // A batch that continues the stream is taken as the same process.
-            assert_eq!(s.judge_live(11, origin), Verdict::Apply);
+            assert_eq!(s.judge_live(11, origin, 1), Verdict::Apply);
         }
     }
 
     #[test]
     fn a_gap_on_a_new_connection_is_a_rejoin_unless_the_watermark_was_kept() {
         let s = at(10);
-        assert_eq!(s.judge_live(14, REJOIN), Verdict::Rejoin);
-        assert_eq!(s.judge_live(14, KEPT), Verdict::Gap { from: 11, to: 14, fresh: false });
-        assert_eq!(s.judge_live(14, SAME), Verdict::Gap { from: 11, to: 14, fresh: false });
+        assert_eq!(s.judge_live(14, REJOIN, 1), Verdict::Rejoin);
+        assert_eq!(s.judge_live(14, KEPT, 1), Verdict::Gap { from: 11, to: 14, fresh: false });
+        assert_eq!(s.judge_live(14, SAME, 1), Verdict::Gap { from: 11, to: 14, fresh: false });
     }
 
     #[test]
     fn the_watermark_keeps_the_digest_of_the_batch_applied_last() {
-        let mut s = Sequencer::new(Some(Watermark { seq: 3, digest: Some(7) }), WINDOW);
+        let mut s = Sequencer::new(Some(Watermark { seq: 3, digest: Some(7) }));
         assert_eq!(s.watermark(), Some(Watermark { seq: 3, digest: Some(7) }));
+        assert_eq!(s.judge_live(3, SAME, 7), Verdict::Duplicate, "a kept watermark's batch is known");
         s.accept_live(4, 9);
         assert_eq!(s.watermark(), Some(Watermark { seq: 4, digest: Some(9) }));
         // Given up as lost: what batch 6 held is unknown; batch 4 is the
@@ -295,16 +325,9 @@ mod tests {
         assert_eq!(s.anchor(), Some(Watermark { seq: 4, digest: Some(9) }));
         s.reset();
         assert_eq!((s.watermark(), s.anchor()), (None, None));
-        let kept = Sequencer::new(Some(Watermark { seq: 3, digest: None }), WINDOW);
+        assert_eq!(s.judge_live(0, SAME, 100), Verdict::Apply, "nothing is recent after a reset");
+        let kept = Sequencer::new(Some(Watermark { seq: 3, digest: None }));
         assert_eq!(kept.anchor(), None, "a kept watermark without its digest checks nothing");
-    }
-
-    #[test]
-    fn reset_starts_a_new_stream() {
-        let mut s = at(10);
-        s.reset();
-        assert_eq!(s.judge_live(0, SAME), Verdict::Apply);
-        assert_eq!(s.judge_live(2, SAME), Verdict::Gap { from: 0, to: 2, fresh: true });
     }
 
     #[test]
@@ -317,59 +340,67 @@ mod tests {
     }
 
     #[test]
-    fn live_copies_of_what_a_fill_applied_are_duplicates_even_at_seq_zero() {
-        let mut s = Sequencer::new(None, 1);
-        for seq in 0..=5 {
+    fn live_copies_of_what_a_fill_applied_are_duplicates_however_far_back() {
+        let mut s = Sequencer::new(None);
+        for seq in 0..=500 {
             assert_eq!(s.judge_replayed(seq), Verdict::Apply);
             s.accept_filled(0, seq, seq, 1);
         }
-        // Every drop is past `restart_seq_drop_min` here, and seq 0 is a
-        // restart anywhere else: the fill's window says otherwise.
-        assert_eq!(s.judge_live(0, SAME), Verdict::Restart);
-        assert!(!s.take_filled_copy(0, 2), "another connection owes no copies");
+        assert_eq!(s.judge_live(0, SAME, 0), Verdict::Restart, "out of the recent ones");
+        assert!(!s.take_filled_copy(0, 2, 0), "another connection owes no copies");
         for seq in [0, 3] {
-            assert!(s.take_filled_copy(seq, 1), "{seq}");
+            assert!(s.take_filled_copy(seq, 1, seq), "{seq}");
         }
         // The live stream comes in order: after 3, a 0 is no copy.
-        assert!(!s.take_filled_copy(0, 1));
-        assert_eq!(s.judge_live(6, SAME), Verdict::Apply);
-        s.accept_live(6, 6);
-        // The live stream passed the window: a step back to 5 is a restart again.
-        assert!(!s.take_filled_copy(5, 1));
-        assert_eq!(s.judge_live(5, SAME), Verdict::Restart);
+        assert!(!s.take_filled_copy(0, 1, 0));
+        assert_eq!(s.judge_live(501, SAME, 0), Verdict::Apply);
+        s.accept_live(501, 501);
+        // The live stream passed the window: no more copies are owed.
+        assert!(!s.take_filled_copy(500, 1, 500));
+    }
+
+    #[test]
+    fn another_process_s_batch_of_a_filled_seq_is_no_copy() {
+        let mut s = Sequencer::new(None);
+        (0..=2).for_each(|seq| s.accept_filled(0, seq, seq + 100, 1));
+        // Behind a proxy, a new process's batch 1 on the same connection.
+        assert!(!s.take_filled_copy(1, 1, 7));
+        assert_eq!(s.judge_live(1, SAME, 7), Verdict::Restart);
+        assert!(s.take_filled_copy(1, 1, 101));
     }
 
     #[test]
     fn the_last_copy_ends_the_fill_window() {
-        let mut s = Sequencer::new(None, WINDOW);
+        let mut s = Sequencer::new(None);
         (0..=2).for_each(|seq| s.accept_filled(0, seq, seq, 1));
-        assert!(s.take_filled_copy(2, 1));
-        // The engine restarted behind a proxy: seq 0 again.
-        assert!(!s.take_filled_copy(0, 1));
-        assert_eq!(s.judge_live(0, SAME), Verdict::Restart);
+        assert!(s.take_filled_copy(2, 1, 2));
+        assert!(!s.take_filled_copy(0, 1, 0));
     }
 
     #[test]
     fn a_fill_from_a_kept_watermark_marks_only_what_it_applied() {
-        let mut s = Sequencer::new(Some(Watermark { seq: 9, digest: None }), WINDOW);
+        let mut s = Sequencer::new(Some(Watermark { seq: 9, digest: None }));
         assert_eq!(s.judge_replayed(10), Verdict::Apply);
         s.accept_filled(10, 10, 10, 1);
         s.accept_filled(10, 11, 11, 1);
-        assert!(!s.take_filled_copy(9, 1));
-        assert!(s.take_filled_copy(10, 1));
+        assert!(!s.take_filled_copy(9, 1, 9));
+        assert!(s.take_filled_copy(10, 1, 10));
     }
 
     #[test]
     fn a_reset_ends_the_fill_window() {
-        let mut s = Sequencer::new(None, WINDOW);
+        let mut s = Sequencer::new(None);
         s.accept_filled(0, 0, 0, 1);
         s.reset();
-        assert!(!s.take_filled_copy(0, 1));
-        assert_eq!(s.judge_live(0, SAME), Verdict::Apply);
+        assert!(!s.take_filled_copy(0, 1, 0));
+        assert_eq!(s.judge_live(0, SAME, 0), Verdict::Apply);
     }
 
     #[test]
     fn seq_near_the_top_does_not_overflow() {
-        assert_eq!(at(u64::MAX - 1).judge_live(u64::MAX, SAME), Verdict::Apply);
+        assert_eq!(at(3).judge_live(u64::MAX, SAME, 1), Verdict::Gap { from: 4, to: u64::MAX, fresh: false });
+        let mut s = Sequencer::new(None);
+        s.accept(u64::MAX - 1, Some(1));
+        assert_eq!(s.judge_live(u64::MAX, SAME, 2), Verdict::Apply);
     }
 }

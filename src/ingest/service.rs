@@ -384,6 +384,17 @@ impl Ingest {
         if self.shutdown.load(Ordering::Relaxed) {
             return Err(IngestError::ShutDown);
         }
+        {
+            // A watermark a removed listener of this key left is forgotten
+            // with its blocks: the next registration starts a fresh stream
+            // and fills from the ring's start, rather than asking only for
+            // what came after blocks that are gone.
+            let mut reg = self.registry.lock();
+            if !reg.by_worker.contains_key(&worker) {
+                reg.watermarks.remove(&worker);
+                reg.seeded_ranks.remove(&worker);
+            }
+        }
         let (done_tx, done_rx) = bounded(1);
         let timeout = Duration::from_millis(CONTROL_TIMEOUT_MS);
         let msg = ShardMsg::Remove { worker, sink, done: done_tx };

@@ -98,7 +98,7 @@ fn render_ingest(p: &mut Prom, registry: &Registry) {
         ("resyncs", "Workers cleared after an unreplayable gap.", ic.resyncs),
         ("held_dropped", "Batches dropped from a full hold buffer.", ic.held_dropped),
         ("budget_dropped", "Batches dropped undecoded with the ingest budget spent.", ic.budget_dropped),
-        ("dead_process_dropped", "Batches of an engine process found gone, dropped.", ic.dead_process_dropped),
+        ("unproven_dropped", "Batches not known to be the followed process's, dropped.", ic.unproven_dropped),
         ("dp_rank_limit_dropped", "Batches over the per-listener dp rank limit.", ic.dp_rank_limit_dropped),
         ("workers_removed", "Workers removed through their shard.", ic.workers_removed),
     ];

@@ -58,6 +58,10 @@ pub(crate) struct Ask {
     /// or another process's): what it sends before the gap's trigger waits
     /// here until the ring's copy of the trigger says whose it is.
     pub rolled: Option<Vec<Batch>>,
+    /// Live batches were dropped unjudged while it ran, newer maybe than
+    /// its answer: the ring is asked once more even if the answer brought
+    /// nothing.
+    pub reread: bool,
 }
 
 impl Ask {
@@ -79,6 +83,7 @@ impl Ask {
             replies_at_request: 0,
             overflowed: false,
             rolled: None,
+            reread: false,
         }
     }
 

@@ -198,6 +198,10 @@ pub(crate) struct Stream {
     /// closed: startup recovery may have loaded a peer's blocks for them
     /// since, so they are cleared again when it opens.
     clear_at_gate: bool,
+    /// Past the newest batch dropped unjudged when the stream last started
+    /// over: the next fill reads the ring at least that far, so a batch the
+    /// ring's process sent then is not lost until a later one shows the gap.
+    refill_to: Option<u64>,
     log: LogLimiter,
     /// How gaps ended (replayed, missed, resynced): apart from `log` so the
     /// line saying a gap recovered is not swallowed by the one before.
@@ -214,7 +218,6 @@ impl Stream {
         ring: Option<String>,
         kept: Option<Watermark>,
         ranks_written: Vec<u32>,
-        restart_seq_drop_min: u64,
     ) -> Stream {
         let mut ranks = vec![key.dp_rank];
         // Deduplicated and bounded by `Ingest::seed_watermark`.
@@ -224,13 +227,14 @@ impl Stream {
             endpoint,
             phase: if ring.is_some() { Phase::FillDue } else { Phase::Live },
             ring,
-            seq: Sequencer::new(kept, restart_seq_drop_min),
+            seq: Sequencer::new(kept),
             proven: None,
             latest: 0,
             up: false,
             held: Held::default(),
             ranks,
             clear_at_gate: false,
+            refill_to: None,
             log: LogLimiter::default(),
             gap_log: LogLimiter::default(),
         }
@@ -255,6 +259,10 @@ impl Stream {
     /// dp rank it named (the workers it fed).
     pub(crate) fn end(mut self, account: &HeldAccount) -> (Option<Watermark>, Vec<u32>) {
         self.held.clear(account);
+        if let Some(kept) = self.ask_mut().and_then(|ask| ask.rolled.take()) {
+            // Their charges go with them; the gauge counted them too.
+            account.gauge.fetch_sub(kept.len() as u64, Ordering::Relaxed);
+        }
         (self.seq.watermark(), self.ranks)
     }
 
@@ -277,9 +285,17 @@ impl Stream {
         self.advance(cx, port);
     }
 
-    /// The connection dropped.
-    pub(crate) fn disconnected(&mut self) {
+    /// The connection dropped. A running ask is dropped with it: nothing
+    /// an answer says from now on can be told to be this connection's
+    /// process's (the ring's port may be taken by the next one first).
+    pub(crate) fn disconnected(&mut self, cx: &Cx, port: &mut dyn Port) {
         self.up = false;
+        if self.ring.is_some() && self.asking() {
+            if let Phase::Replaying(_) = self.take_ask(cx, port) {
+                cx.bump(&cx.counters.replays_failed, 1);
+            }
+            self.phase = Phase::FillDue;
+        }
     }
 
     /// The publisher stayed unreachable for `engine_gone_ms`: its workers
@@ -298,6 +314,7 @@ impl Stream {
             cx.bump(&cx.counters.replays_failed, 1);
         }
         self.held.clear(cx.held);
+        self.refill_to = None;
         self.clear_workers(port);
         self.seq.reset();
         // Every connection so far reached the engine that is gone.
@@ -436,7 +453,7 @@ impl Stream {
 
     /// Judges a batch in line (live, or held and now first) and acts on it.
     fn judge(&mut self, cx: &Cx, port: &mut dyn Port, batch: Batch) {
-        if self.seq.take_filled_copy(batch.seq, batch.conn) {
+        if self.seq.take_filled_copy(batch.seq, batch.conn, batch.digest) {
             // A ring fill applied it before the live stream delivered it.
             return cx.bump(&cx.counters.duplicates_dropped, 1);
         }
@@ -451,7 +468,7 @@ impl Stream {
         // At most two rounds: a restart or rejoin resets the sequencer,
         // after which the batch starts a new stream and is neither.
         for _ in 0..2 {
-            match self.seq.judge_live(batch.seq, origin) {
+            match self.seq.judge_live(batch.seq, origin, batch.digest) {
                 Verdict::Apply => {
                     if matches!(origin, Origin::New { .. }) && self.seq.last().is_some() {
                         // The one case nothing here can tell from a new process.
@@ -495,6 +512,13 @@ impl Stream {
                         self.log
                             .debug(|| format!("gap in the stream of {}: batches {from}..{to} missing", self.endpoint));
                     }
+                    if self.ring.is_some() && !self.up {
+                        // Read from a connection that has dropped: the ring
+                        // is asked on the next one, whose fill covers the gap.
+                        self.phase = Phase::FillDue;
+                        self.held.push_unbounded(cx.held, batch, true);
+                        return;
+                    }
                     if self.start_replay(cx, port, to) {
                         // The trigger is older than anything held: it goes first.
                         self.held.push_unbounded(cx.held, batch, true);
@@ -528,9 +552,18 @@ impl Stream {
         });
     }
 
+    /// Drops every held batch unjudged (their provenance is unknown at a
+    /// new start); returns the seq just past the newest of them.
+    fn drop_held(&mut self, cx: &Cx) -> Option<u64> {
+        let newest = self.held.iter().map(|b| b.seq).max();
+        let dropped = self.held.clear(cx.held);
+        self.drop_dead(cx, dropped);
+        newest.map(|seq| seq.saturating_add(1))
+    }
+
     fn drop_dead(&self, cx: &Cx, n: u64) {
         if n > 0 {
-            cx.bump(&cx.counters.dead_process_dropped, n);
+            cx.bump(&cx.counters.unproven_dropped, n);
         }
     }
 

@@ -238,7 +238,7 @@ impl Port for World {
 
 pub(super) struct Run {
     world: World,
-    stream: Stream,
+    pub(super) stream: Stream,
     cfg: IngestConfig,
     counters: Counters,
     held: HeldAccount,
@@ -284,7 +284,7 @@ impl Run {
             Watermark { seq: 1, digest: Some(digest(1, 1)) }
         });
         let ring = start.ring.then(|| "ring".to_string());
-        let stream = Stream::new(WorkerId::new(1, 0), "pub".into(), ring, kept, Vec::new(), 4_096);
+        let stream = Stream::new(WorkerId::new(1, 0), "pub".into(), ring, kept, Vec::new());
         let cfg = IngestConfig {
             replay_timeout_ms: RING_TIMEOUT_MS,
             engine_gone_ms: GONE_MS,
@@ -355,7 +355,10 @@ impl Run {
     }
 
     fn deliver_reply(&mut self) {
-        let Some(reply) = self.world.replies.pop_front() else { return };
+        let Some(mut reply) = self.world.replies.pop_front() else { return };
+        if let Some(b) = &mut reply {
+            b.charge = self.budget.charge(b.bytes());
+        }
         let what = reply.as_ref().map_or("end".to_string(), |b| format!("{}:{}", named(b.ts).0, b.seq));
         self.note(format!("reply {what}"));
         self.input(|s, cx, p| s.reply(cx, p, reply));
@@ -364,7 +367,7 @@ impl Run {
     fn disconnect(&mut self) {
         if self.world.conn.take().is_some() {
             self.world.down_since = Some(self.world.now_ms);
-            self.input(|s, _, _| s.disconnected());
+            self.input(|s, cx, p| s.disconnected(cx, p));
         }
     }
 
@@ -375,7 +378,8 @@ impl Run {
 
     /// A live batch reaches the stream; a mix it makes is excused only as
     /// the one case nothing can tell, which the stream counts.
-    fn judge_live(&mut self, b: Batch) {
+    fn judge_live(&mut self, mut b: Batch) {
+        b.charge = self.budget.charge(b.bytes());
         let (pid, seq) = named(b.ts);
         self.note(format!("live {pid}:{seq} on {} ({})", b.conn, if b.events.is_ok() { "ok" } else { "bad" }));
         self.input(|s, cx, p| s.live(cx, p, b));
@@ -582,11 +586,11 @@ impl Run {
     /// The thread's held account against what the stream holds: every
     /// batch added is subtracted when it leaves.
     pub(super) fn check_held(&self) -> Result<(), String> {
-        let bytes: usize = self.stream.held.iter().map(Batch::bytes).sum();
+        let bytes: usize = self.stream.held.iter().map(|b| b.charge.bytes()).sum();
         let kept = self.stream.ask().and_then(|a| a.rolled.as_ref());
-        let kept_bytes: usize = kept.map_or(0, |k| k.iter().map(Batch::bytes).sum());
+        let kept_bytes: usize = kept.map_or(0, |k| k.iter().map(|b| b.charge.bytes()).sum());
         let kept_n = kept.map_or(0, Vec::len);
-        let (acc_bytes, gauge) = (self.held.bytes.get(), self.held.gauge.load(Ordering::Relaxed));
+        let (acc_bytes, gauge) = (self.budget.used(), self.held.gauge.load(Ordering::Relaxed));
         if acc_bytes != bytes + kept_bytes || gauge != (self.stream.held.len() + kept_n) as u64 {
             return Err(format!(
                 "held account {acc_bytes} bytes, gauge {gauge}; the stream holds {} batches ({bytes} bytes) \
@@ -605,9 +609,9 @@ impl Run {
     /// The listener is removed (`Stream::end`): what the thread's held
     /// account and gauge still count afterwards.
     pub(super) fn remove(self) -> (usize, u64) {
-        let Run { stream, held, .. } = self;
+        let Run { stream, held, budget, .. } = self;
         let _ = stream.end(&held);
-        (held.bytes.get(), held.gauge.load(Ordering::Relaxed))
+        (budget.used(), held.gauge.load(Ordering::Relaxed))
     }
 }
 

@@ -65,7 +65,8 @@ impl Stream {
             .iter()
             .filter(|b| verify.is_some() || b.conn == self.latest)
             .map(|b| b.seq)
-            .find(|&seq| last.is_none_or(|last| seq > last));
+            .find(|&seq| last.is_none_or(|last| seq > last))
+            .or(self.refill_to.take());
         if last.is_none() && to == Some(0) && self.held.iter().all(|b| b.conn == self.latest) {
             // The live stream has the ring's whole content.
             self.phase = Phase::Live;
@@ -123,13 +124,19 @@ impl Stream {
     pub(super) fn start_on_ring(&mut self, cx: &Cx) {
         let Some(conn) = self.ask().map(|ask| ask.conn) else { return };
         self.proven = Some(Conns { since: conn, upto: conn });
-        let dropped = self.held.drop_unless(cx.held, |b| b.conn >= conn);
-        self.drop_dead(cx, dropped);
-        if dropped > 0 && matches!(self.phase, Phase::Replaying(_)) {
-            if let Phase::Replaying(mut ask) = std::mem::replace(&mut self.phase, Phase::Live) {
-                ask.to = self.held.iter().map(|b| b.seq).next();
-                self.phase = Phase::Filling(ask);
-            }
+        // Held batches are not known to be the ring's process's either: a
+        // connection that looks up may be a dead host's. The fill now reads
+        // the ring at least past the newest of them (asking again if its
+        // answer predates them), and a later live batch bounds it again.
+        if let Some(bound) = self.drop_held(cx) {
+            self.phase = match std::mem::replace(&mut self.phase, Phase::Live) {
+                Phase::Filling(mut ask) | Phase::Replaying(mut ask) => {
+                    ask.to = Some(bound);
+                    ask.reread = true;
+                    Phase::Filling(ask)
+                }
+                other => other,
+            };
         }
     }
 
@@ -312,8 +319,11 @@ impl Stream {
         self.clear_workers(port);
         self.seq.reset();
         self.proven = Some(Conns { since: conn, upto: conn });
-        let dropped = self.held.drop_unless(cx.held, |b| b.conn >= conn);
-        self.drop_dead(cx, dropped);
+        // Not one held batch is known to be the new process's: the
+        // connection asked on may be a dead host's that still looks up. What
+        // the new process sent of them is in its ring: the fill reads it
+        // that far.
+        self.refill_to = self.drop_held(cx);
     }
 
     /// The replies stopped (end marker, a reply past the range, a pause):
@@ -322,7 +332,8 @@ impl Stream {
     pub(super) fn ended(&mut self, cx: &Cx, port: &mut dyn Port) {
         let next = self.seq.last().map_or(0, |last| last + 1);
         let short = self.ask().is_some_and(|ask| ask.to.is_none_or(|to| next < to));
-        if short && self.retry(cx, port) {
+        let reread = self.ask_mut().is_some_and(|ask| std::mem::take(&mut ask.reread));
+        if short && (self.retry(cx, port) || reread && self.reask(cx, port)) {
             return;
         }
         self.finish(cx, port);
