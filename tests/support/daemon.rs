@@ -164,10 +164,20 @@ impl Daemon {
     }
 }
 
+/// Lines of a daemon's log a failing test prints.
+const FAILED_LOG_LINES: usize = 200;
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let base = self.base.clone();
+            let log = self.log();
+            let from = log.len().saturating_sub(FAILED_LOG_LINES);
+            eprintln!("--- the last {} lines of {}'s log:", log.len() - from, base);
+            log[from..].iter().for_each(|l| eprintln!("{l}"));
+        }
     }
 }
 
