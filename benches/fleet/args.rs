@@ -20,7 +20,7 @@ daemon (and optionally Dynamo's service) following all of them.
   --chunk-blocks N    most new blocks in one batch (a prefill chunk) [128]
   --ring-steps N      batches each engine's replay ring keeps [10000]
   --ring-mib N        ...and at most this many MiB of them [3]
-  --sndhwm N          batches a publisher queues per subscriber before ZMQ drops [1000]
+  --sndhwm N          batches a publisher queues per subscriber before ZMQ drops [100]
   --per-child N       engines per engine process [256]
   --bin PATH          our daemon [target/release/kv-indexer]
   --dynamo PATH       also run Dynamo's service on the same engines (settle, /dump)
@@ -29,6 +29,7 @@ daemon (and optionally Dynamo's service) following all of them.
   --idle-s N          seconds idle CPU is measured over [10]
   --settle-timeout-s N  longest wait for a phase to settle [900]
   --daemon-args \"...\" extra arguments for our daemon
+  --replica-args \"...\" extra arguments for the replica [--peer-timeout-ms 300000]
   --seed N            engine hash seeds [1]
   --json PATH         also write the figures as JSON
 ";
@@ -51,6 +52,7 @@ pub struct Args {
     pub flood_requests: u32,
     pub settle_timeout_s: u64,
     pub daemon_args: Vec<String>,
+    pub replica_args: Vec<String>,
     pub seed: u64,
     pub json: Option<String>,
     /// Set in an engine process: the engines it hosts.
@@ -76,7 +78,7 @@ pub fn parse() -> Result<Args, String> {
         chunk_blocks: 128,
         ring_steps: 10_000,
         ring_mib: 3,
-        sndhwm: 1000,
+        sndhwm: 100,
         per_child: 256,
         bin: format!("{manifest}/target/release/kv-indexer"),
         dynamo: None,
@@ -85,6 +87,8 @@ pub fn parse() -> Result<Args, String> {
         flood_requests: 24,
         settle_timeout_s: 900,
         daemon_args: Vec::new(),
+        // The default (10 s) is shorter than a 16.8 M-pair dump takes here.
+        replica_args: vec!["--peer-timeout-ms".into(), "300000".into()],
         seed: 1,
         json: None,
         child: None,
@@ -131,6 +135,7 @@ pub fn parse() -> Result<Args, String> {
             "flood-requests" => a.flood_requests = num(0, 100_000)? as u32,
             "settle-timeout-s" => a.settle_timeout_s = num(10, 7200)?,
             "daemon-args" => a.daemon_args = v.split_whitespace().map(str::to_string).collect(),
+            "replica-args" => a.replica_args = v.split_whitespace().map(str::to_string).collect(),
             "seed" => a.seed = num(0, u64::MAX)?,
             "json" => a.json = Some(v),
             "child" => {

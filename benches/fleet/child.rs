@@ -4,6 +4,8 @@
 //! with `[b"", topic, seq, payload]` for every kept batch from `start`
 //! on, then the end marker `seq = u64::MAX` with an empty payload), and a
 //! ring of its last `--ring-steps` batches (at most `--ring-mib` MiB).
+//! Publishers block rather than drop past `--sndhwm` queued batches
+//! (`set_nodrop`).
 //!
 //! Engine `e` serves requests `e, e + E, e + 2E, ...` of the trace laid
 //! out as `--copies` hash-disjoint copies (request `i` of copy `d` is
@@ -140,6 +142,27 @@ fn opaque_hash(seed: u64, parent: Option<u64>, local: u64) -> u64 {
     xxh3_64_with_seed(&bytes, seed)
 }
 
+/// A full subscriber queue blocks the publisher instead of dropping: the
+/// engines go at the pace of the slowest server, and no batch at the end
+/// of a stream is lost unseen (vLLM drops past its queue, and a lost last
+/// batch shows only at the engine's next one, which a bench never sends).
+fn set_nodrop(socket: &mut zmq::Socket) -> Result<(), String> {
+    let on: i32 = 1;
+    // SAFETY: a live socket, an int option, its size.
+    let rc = unsafe {
+        zmq_sys::zmq_setsockopt(
+            socket.as_mut_ptr(),
+            zmq_sys::ZMQ_XPUB_NODROP as i32,
+            (&on as *const i32).cast(),
+            std::mem::size_of::<i32>(),
+        )
+    };
+    if rc != 0 {
+        return Err(format!("ZMQ_XPUB_NODROP: {}", zmq::Error::from_raw(unsafe { zmq_sys::zmq_errno() })));
+    }
+    Ok(())
+}
+
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
@@ -154,10 +177,11 @@ pub fn run(a: &Args, first: u32, end: u32) -> Result<(), String> {
     let mut engines = Vec::new();
     let mut routers = Vec::new();
     for e in first..end.min(a.engines) {
-        let xpub = ctx.socket(zmq::XPUB).map_err(|e| format!("xpub: {e}"))?;
+        let mut xpub = ctx.socket(zmq::XPUB).map_err(|e| format!("xpub: {e}"))?;
         xpub.set_linger(0).map_err(|e| e.to_string())?;
         xpub.set_xpub_verbose(true).map_err(|e| e.to_string())?;
         xpub.set_sndhwm(a.sndhwm).map_err(|e| e.to_string())?;
+        set_nodrop(&mut xpub)?;
         xpub.bind("tcp://127.0.0.1:*").map_err(|e| format!("bind: {e}"))?;
         let router = ctx.socket(zmq::ROUTER).map_err(|e| format!("router: {e}"))?;
         router.set_linger(0).map_err(|e| e.to_string())?;

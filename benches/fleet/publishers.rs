@@ -8,6 +8,7 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use super::args::Args;
+use super::probe::DieWithParent;
 
 /// Longest wait for an engine process to start or answer a command.
 const ANSWER_WAIT: Duration = Duration::from_secs(600);
@@ -60,6 +61,7 @@ impl Publishers {
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
+                .die_with_parent()
                 .spawn()
                 .map_err(|e| format!("cannot start an engine process: {e}"))?;
             let stdout = child.stdout.take().expect("piped stdout");

@@ -50,6 +50,7 @@ impl Ctx<'_> {
         }
         if let Some(p) = peers {
             v.extend(["--peers".into(), p.to_string()]);
+            v.extend(self.a.replica_args.iter().cloned());
         }
         v.extend(self.a.daemon_args.iter().cloned());
         v
