@@ -115,7 +115,7 @@ fn run(a: &args::Args) -> Result<(), String> {
     let ours = Server::spawn("ours", &a.bin, &c.our_args(None, true))?;
     let mut ours_ready = ours;
     ours_ready.wait_healthy(Duration::from_secs(600))?;
-    let dynamo = match &a.dynamo {
+    let mut dynamo = match &a.dynamo {
         Some(path) => start_dynamo(&mut c, path),
         None => None,
     };
@@ -130,6 +130,9 @@ fn run(a: &args::Args) -> Result<(), String> {
             servers.push(("dynamo", d));
         }
         scenarios::dump(&mut c, &servers)?;
+    }
+    if let Some(status) = dynamo.as_mut().and_then(Server::exit_status) {
+        c.report.put("run", "dynamo", "exit_status", json!(status));
     }
     drop(dynamo);
     if a.wants("replica") {

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 /// Lines of a server's stderr kept for error reports.
 const LOG_TAIL_LINES: usize = 40;
+/// Error lines kept besides the tail.
+const KEPT_LINES_MAX: usize = 8;
 /// Longest wait for a server to log its port.
 const PORT_WAIT: Duration = Duration::from_secs(600);
 /// Longest wait for a stopped server to exit.
@@ -21,7 +23,7 @@ pub struct Server {
     pub pid: u32,
     child: Option<Child>,
     tail: Arc<Mutex<VecDeque<String>>>,
-    /// Lines mentioning a snapshot, kept whole.
+    /// Lines mentioning a snapshot, and the first errors, kept whole.
     pub snapshot_lines: Arc<Mutex<Vec<String>>>,
 }
 
@@ -55,9 +57,14 @@ impl Server {
                 if let Some(port) = port_of(&line) {
                     let _ = tx.send(port);
                 }
-                if line.contains("snapshot") {
-                    snaps.lock().unwrap().push(line.clone());
+                let fatal = ["ERROR", "panick", "Too many open files", "error:", "Assert", "abort", ".cpp"]
+                    .iter()
+                    .any(|k| line.contains(k));
+                let mut kept = snaps.lock().unwrap();
+                if line.contains("snapshot") || (fatal && kept.len() < KEPT_LINES_MAX) {
+                    kept.push(line.clone());
                 }
+                drop(kept);
                 let mut tail = keep.lock().unwrap();
                 if tail.len() == LOG_TAIL_LINES {
                     tail.pop_front();
@@ -72,8 +79,23 @@ impl Server {
         Ok(s)
     }
 
+    /// The first error lines, then the last lines.
     pub fn log_tail(&self) -> String {
-        self.tail.lock().unwrap().iter().cloned().collect::<Vec<_>>().join(" | ")
+        let errors: Vec<String> =
+            self.snapshot_lines.lock().unwrap().iter().filter(|l| !l.contains("snapshot")).cloned().collect();
+        let tail = self.tail.lock().unwrap().iter().rev().take(3).rev().cloned().collect::<Vec<_>>();
+        errors.into_iter().chain(tail).collect::<Vec<_>>().join(" | ")
+    }
+
+    /// Whether the process is running (not gone, not a zombie), without waiting for it.
+    pub fn running(&self) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|state| state != "Z")
+    }
+
+    /// How the process ended, if it has.
+    pub fn exit_status(&mut self) -> Option<String> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()).map(|s| s.to_string())
     }
 
     /// Whether the process is still running.

@@ -92,10 +92,16 @@ pub fn settle(c: &mut Ctx, ours: &Server, dynamo: Option<&Server>) -> Result<(),
     let s = watch::wait_ours(&ours.base, &p, t0, c.timeout())?;
     c.report.secs(sec, "ours", "settle", s.secs);
     c.report.put(sec, "ours", "pairs", json!(s.pairs));
+    c.report.put(sec, "ours", "engines_behind", json!(s.behind));
     if let Some(d) = dynamo {
-        match watch::wait_dynamo(&d.base, t0, c.timeout()) {
+        match watch::wait_dynamo(d, t0, c.timeout()) {
             Ok(s) => c.report.secs(sec, "dynamo", "settle", s.secs),
             Err(e) => c.report.note(sec, "dynamo", &e),
+        }
+        // What it refused: a store whose parent it does not hold is dropped.
+        for (kind, status) in [("stored", "ok"), ("stored", "parent_block_not_found"), ("removed", "ok")] {
+            let n = watch::dynamo_events(&d.base, kind, status).unwrap_or(0.0);
+            c.report.put(sec, "dynamo", &format!("{kind}_events_{status}"), json!(n));
         }
     }
     c.report.put(sec, "engines", "ring_requests_answered", json!(c.pubs.replays()?));
@@ -103,6 +109,9 @@ pub fn settle(c: &mut Ctx, ours: &Server, dynamo: Option<&Server>) -> Result<(),
     let cpu0: Vec<f64> = servers.iter().map(|(_, s)| s.status().cpu_s).collect();
     std::thread::sleep(Duration::from_secs(c.a.idle_s));
     for ((who, s), cpu0) in servers.iter().zip(cpu0) {
+        if !s.running() {
+            continue;
+        }
         let st = s.status();
         c.report.mib(sec, who, "peak_rss", st.hwm);
         c.report.mib(sec, who, "settled_rss", st.rss);
@@ -130,6 +139,10 @@ pub fn dump(c: &mut Ctx, servers: &[(&str, &Server)]) -> Result<(), String> {
     let sec = "dump";
     c.report.load(sec);
     for (who, s) in servers {
+        if !s.running() {
+            c.report.note(sec, who, "not running");
+            continue;
+        }
         let before = s.status().rss;
         s.reset_peak();
         let t = Instant::now();
@@ -163,6 +176,7 @@ pub fn replica(c: &mut Ctx, ours: &Server) -> Result<(), String> {
     let s = watch::wait_ours(&r.base, &c.published, t0, c.timeout())?;
     c.report.secs(sec, "ours", "settle", s.secs);
     c.report.put(sec, "ours", "pairs", json!(s.pairs));
+    c.report.put(sec, "ours", "engines_behind", json!(s.behind));
     std::thread::sleep(SETTLED_PAUSE);
     let st = r.status();
     c.report.mib(sec, "ours", "peak_rss", st.hwm);
@@ -193,6 +207,7 @@ pub fn snapshot(c: &mut Ctx, mut ours: Server) -> Result<Server, String> {
     let s = watch::wait_ours(&warm.base, &c.published, t0, c.timeout())?;
     c.report.secs(sec, "ours", "start_to_settled", s.secs);
     c.report.put(sec, "ours", "pairs", json!(s.pairs));
+    c.report.put(sec, "ours", "engines_behind", json!(s.behind));
     if let Some(l) = warm.snapshot_lines.lock().unwrap().iter().find(|l| l.contains("restored")) {
         c.report.put(sec, "ours", "restored_line", json!(l));
     }
@@ -232,6 +247,7 @@ pub fn flood(c: &mut Ctx, mut ours: Server) -> Result<Server, String> {
     c.report.secs(sec, "ours", "start_to_settled", s.secs);
     c.report.secs(sec, "ours", "healthy_to_settled", s.secs - healthy);
     c.report.put(sec, "ours", "pairs", json!(s.pairs));
+    c.report.put(sec, "ours", "engines_behind", json!(s.behind));
     c.report.put(sec, "engines", "ring_requests_answered", json!(c.pubs.replays()? - replays0));
     std::thread::sleep(SETTLED_PAUSE);
     let st = warm.status();
@@ -263,6 +279,7 @@ pub fn flood_empty(c: &mut Ctx, mut ours: Server) -> Result<Server, String> {
     c.report.secs(sec, "ours", "start_to_first_pair", first);
     c.report.secs(sec, "ours", "first_pair_to_settled", s.secs - first);
     c.report.put(sec, "ours", "pairs", json!(s.pairs));
+    c.report.put(sec, "ours", "engines_behind", json!(s.behind));
     c.report.put(sec, "engines", "ring_requests_answered", json!(c.pubs.replays()? - replays0));
     std::thread::sleep(SETTLED_PAUSE);
     let st = fresh.status();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::probe::{get, metric};
+use super::probe::{get, metric, Server};
 use super::publishers::Published;
 
 /// How often a server is polled while settling.
@@ -45,26 +45,41 @@ pub fn caught_up(seqs: &HashMap<u64, i64>, published: &Published) -> bool {
 /// What one wait saw.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Settled {
-    /// From the wait's start to the poll that found it settled.
+    /// From the wait's start to the poll that found it settled, or (when
+    /// it stalled) to the last poll that saw anything move.
     pub secs: f64,
     /// From the wait's start to the first poll that saw a pair.
     pub first_pair_s: Option<f64>,
     pub pairs: u64,
+    /// Engines whose last seq the daemon never reached: it stalled.
+    pub behind: usize,
 }
 
-/// Polls our daemon at `base` until it has settled on `published`.
+/// Polls our daemon at `base` until it has settled on `published`, or
+/// nothing moved for [`STALL`] (idle engines send nothing more that could
+/// show a daemon what it lacks).
 pub fn wait_ours(base: &str, published: &Published, t0: Instant, timeout: Duration) -> Result<Settled, String> {
-    let mut prev_pairs = None;
+    let mut prev = None;
     let mut first_pair_s = None;
+    let mut moved_s = 0.0;
     loop {
         if let Ok((seqs, pairs)) = ours(base) {
             if pairs > 0 && first_pair_s.is_none() {
                 first_pair_s = Some(t0.elapsed().as_secs_f64());
             }
-            if caught_up(&seqs, published) && prev_pairs == Some(pairs) {
-                return Ok(Settled { secs: t0.elapsed().as_secs_f64(), first_pair_s, pairs });
+            let seq_sum: i64 = seqs.values().sum();
+            let now = t0.elapsed().as_secs_f64();
+            if caught_up(&seqs, published) && prev.is_some_and(|(_, p)| p == pairs) {
+                return Ok(Settled { secs: now, first_pair_s, pairs, behind: 0 });
             }
-            prev_pairs = Some(pairs);
+            if prev != Some((seq_sum, pairs)) {
+                moved_s = now;
+            } else if now - moved_s > STALL.as_secs_f64() {
+                let behind =
+                    published.last_seq.iter().filter(|(id, l)| seqs.get(id).copied().unwrap_or(-1) < *l).count();
+                return Ok(Settled { secs: moved_s, first_pair_s, pairs, behind });
+            }
+            prev = Some((seq_sum, pairs));
         }
         if t0.elapsed() > timeout {
             return Err(format!("our daemon did not settle within {timeout:?}"));
@@ -79,16 +94,23 @@ pub fn dynamo_applied(base: &str) -> Option<f64> {
     metric(&metrics, "dynamo_kvrouter_kv_cache_events_applied")
 }
 
+/// How long nothing may move before a wait gives up on the rest.
+pub const STALL: Duration = Duration::from_secs(45);
+
 /// Polls Dynamo's service until its applied events stop moving; the time
 /// is that of the first poll of the still run.
-pub fn wait_dynamo(base: &str, t0: Instant, timeout: Duration) -> Result<Settled, String> {
+pub fn wait_dynamo(server: &Server, t0: Instant, timeout: Duration) -> Result<Settled, String> {
+    let base = &server.base;
     let (mut prev, mut still, mut since) = (None, 0, 0.0);
     loop {
+        if !server.running() {
+            return Err(format!("Dynamo's service exited: {}", server.log_tail()));
+        }
         let now = dynamo_applied(base);
         if now.is_some() && now == prev {
             still += 1;
             if still >= DYNAMO_STABLE_POLLS {
-                return Ok(Settled { secs: since, first_pair_s: None, pairs: 0 });
+                return Ok(Settled { secs: since, first_pair_s: None, pairs: 0, behind: 0 });
             }
         } else {
             still = 0;
@@ -100,4 +122,11 @@ pub fn wait_dynamo(base: &str, t0: Instant, timeout: Duration) -> Result<Settled
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// Dynamo's applied events of `event_type` with `status`.
+pub fn dynamo_events(base: &str, event_type: &str, status: &str) -> Option<f64> {
+    let (_, metrics) = get(base, "/metrics").ok()?;
+    let key = format!("dynamo_kvrouter_kv_cache_events_applied{{event_type=\"{event_type}\",status=\"{status}\"}}");
+    metrics.lines().find(|l| l.starts_with(&key)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
