@@ -20,7 +20,7 @@ daemon (and optionally Dynamo's service) following all of them.
   --chunk-blocks N    most new blocks in one batch (a prefill chunk) [128]
   --ring-steps N      batches each engine's replay ring keeps [10000]
   --ring-mib N        ...and at most this many MiB of them [3]
-  --sndhwm N          batches a publisher queues per subscriber before ZMQ drops [100]
+  --sndhwm N          batches a publisher queues per subscriber before it blocks [100]
   --per-child N       engines per engine process [256]
   --bin PATH          our daemon [target/release/kv-indexer]
   --dynamo PATH       also run Dynamo's service on the same engines (settle, /dump)
