@@ -676,6 +676,6 @@ fn seq_text(seq: Option<u64>) -> String {
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]
-mod review_tests;
+mod restart_tests;
 #[cfg(test)]
 mod tests;

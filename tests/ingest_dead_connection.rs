@@ -1,8 +1,10 @@
-//! A review's finding over real ZMQ: a ring answer that comes while the
-//! listener's connection is down (its engine died; the next connection
-//! waits for its backoff) is taken as the process of that dead connection,
-//! so the dead process's held batches end up applied on top of its
-//! successor's, for good. Against the publisher's ground truth.
+//! Over real ZMQ, against the publisher's ground truth: a ring answer
+//! that comes while the listener's connection is down (its engine died;
+//! the next connection waits for its backoff) never vouches for the dead
+//! connection, so no held batch of the dead process lands on top of its
+//! successor's; a restart the connection hides (a proxy) is never
+//! continued as the old process; a key registered again after its blocks
+//! were removed is filled from the ring's start, not resumed past them.
 
 mod support;
 

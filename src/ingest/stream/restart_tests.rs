@@ -1,6 +1,8 @@
-//! Findings of a review of the stream, each as a script of the scripted
-//! engine of `model_tests` that ends where the engine is not, and an
-//! exploration over steps the model's alphabet lacked.
+//! Restarts and deaths the stream must see through, each a script of the
+//! scripted engine of `model_tests` that must end where the engine is: a
+//! ring asked while the connection is down, a restart a proxy hides, a
+//! host gone without a reset, a listener removed mid-replay; and an
+//! exploration over the steps that model these (`EXTRA_STEPS`).
 
 use std::collections::BTreeMap;
 
@@ -55,7 +57,7 @@ fn outcome(start: Start, script: &[Step]) -> Result<(), String> {
     play(start, script)
 }
 
-// Finding: a ring request asked while the stream's connection is down is
+// a ring request asked while the stream's connection is down is
 // answered by whatever process holds the ring port by then. A stream with
 // no watermark takes the first answer as the process of the connection the
 // request was asked on (`start_on_ring` proves `ask.conn`), so batches the
@@ -91,7 +93,7 @@ fn a_host_gone_without_a_reset_does_not_lend_its_connection_to_the_next_process(
     outcome(Start { gate_open: false, seeded: true, ..RING }, &script).unwrap();
 }
 
-// Finding: a restart hidden by a proxy (the connection stays up) whose new
+// a restart hidden by a proxy (the connection stays up) whose new
 // process's first delivered batch is neither seq 0 nor far below the
 // watermark is taken for stale duplicates, and the new process's batch
 // `last + 1` then continues the old process's blocks, uncounted.
@@ -111,7 +113,7 @@ fn a_restart_behind_a_proxy_without_a_ring_is_not_continued_as_the_old_process()
     outcome(Start { ring: false, ..RING }, &script).unwrap();
 }
 
-// Finding: `Stream::end` (the listener removed) gives back its held
+// `Stream::end` (the listener removed) gives back its held
 // batches to the thread's account, but not the batches a gap's replay
 // keeps while its ring is checked (`Ask::rolled`): bytes and gauge leak.
 
