@@ -489,6 +489,12 @@ impl Run {
     /// Everything settles: the gate opens, the ring answers, the engine is
     /// back, publishes once more, and time runs past every deadline.
     pub(super) fn settle(&mut self) {
+        self.settle_rounds(3);
+    }
+
+    /// `settle` with `rounds` rounds, the engine publishing once before
+    /// each but the first: with one, nothing new shows a gap.
+    pub(super) fn settle_rounds(&mut self, rounds: usize) {
         self.world.trace.push("settle".to_string());
         self.open_gate();
         self.world.muted = false;
@@ -503,7 +509,7 @@ impl Run {
         if self.world.conn.is_none() {
             self.connect();
         }
-        for round in 0..3 {
+        for round in 0..rounds {
             if round > 0 {
                 self.world.publish(true, false);
             }
@@ -577,6 +583,23 @@ impl Run {
         }
         if c.batches_lost + c.batches_missed_at_join + c.resyncs == 0 {
             return Err(format!("misses blocks with no loss counted: {missing:?}"));
+        }
+        Ok(())
+    }
+}
+
+impl Run {
+    /// Whether the ring kept and answered every batch asked of it and no
+    /// held batch was dropped for want of room.
+    pub(super) fn clean(&self) -> bool {
+        self.world.start.ring && !self.world.ring_lossy && self.counters.snapshot().held_dropped == 0
+    }
+
+    /// The worker holds exactly the live process's blocks.
+    pub(super) fn exact(&self) -> Result<(), String> {
+        let w = &self.world;
+        if w.sink != w.truth {
+            return Err(format!("holds {:?}, the engine {:?}", w.sink, w.truth));
         }
         Ok(())
     }
