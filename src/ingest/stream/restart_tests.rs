@@ -299,3 +299,115 @@ fn explore_quiet_settle() {
     }
     assert!(classes.is_empty(), "{} classes of failures", classes.len());
 }
+
+// Findings of a second review (the ring fill's new bounds, held batches
+// dropped at a new start), each checked once the engine is quiet: the
+// world settles without the extra batches `settle` publishes, so nothing
+// but the stream itself can show what it missed.
+
+/// Plays `script` from `start`, settles with the engine quiet, and checks
+/// the worker holds exactly the engine's blocks.
+fn quiet_exact(start: Start, script: &[Step]) -> Result<(), String> {
+    let mut run = super::model_tests::Run::new(start);
+    for &step in script {
+        run.step(step);
+    }
+    run.settle_rounds(1);
+    run.check().and_then(|()| run.exact()).map_err(|e| format!("{e}\n  {:?}\n{}", run.counters(), run.trace()))
+}
+
+// Finding: a bound taken from held batches dropped unjudged (`start_on_ring`
+// sets `ask.to`, `start_over` sets `refill_to`) ends the fill there, though
+// those batches may be a dead process's: the new process's ring is read
+// only up to the dead process's seq, and what it holds past that is never
+// read while the engine is quiet; a removal among it leaves a block the
+// engine evicted credited. A fill with no bound would have read to the end.
+
+#[test]
+fn a_dead_process_s_dropped_batches_do_not_cut_the_new_process_s_fill_short() {
+    // Startup recovery holds process 1's 2 and 3 (connection 1). Its host
+    // vanishes; process 2 binds the endpoints and publishes 0..=5, nothing
+    // read yet. The fill on connection 2 starts the stream on process 2's
+    // ring and drops 2 and 3, bounding the fill at 4: 4 and 5 are never
+    // read, and 5 removed block 3.
+    let mut script = vec![Step::Pub, Step::Pub, Step::Vanish, Step::Spawn];
+    script.extend([Step::Pub; 6]);
+    quiet_exact(Start { gate_open: false, ..RING }, &script).unwrap();
+}
+
+#[test]
+fn a_restart_found_by_the_ring_reads_the_new_ring_to_its_end() {
+    // Seeded at process 1's batch 1. Process 2 sends its 0 on connection 2
+    // and dies; process 3 publishes 0..=2 before connection 3. The fill
+    // from the watermark finds another process, starts over, drops process
+    // 2's 0 and refills only up to 1 (`refill_to`): process 3's 1 and 2
+    // are never read, and 2 removed block 0.
+    let script = [Step::Restart, Step::Pub, Step::Die, Step::Spawn, Step::Pub, Step::Pub, Step::Pub];
+    quiet_exact(Start { gate_open: false, seeded: true, ..RING }, &script).unwrap();
+}
+
+// Finding: held batches dropped for want of room (the newest) are counted
+// (`held_dropped`) but bound nothing: the fill ends at the newest batch
+// still held, and the dropped ones, which the ring still has, wait for a
+// later batch to show their gap.
+
+#[test]
+fn a_batch_dropped_from_a_full_hold_is_read_from_the_ring() {
+    // Startup recovery: batches 2..=8 arrive; the model holds six, so 8 is
+    // dropped. When the gate opens the fill starts the stream, drops the
+    // held ones and reads the ring up to 7: 8, which removed block 6, is
+    // never read though the ring has it.
+    let script = [Step::Pub; 7];
+    quiet_exact(Start { gate_open: false, ..RING }, &script).unwrap();
+}
+
+// Finding: when the fill a new connection asks runs out (a ring slow or
+// silent for `REPLAY_SPAN_TIMEOUTS` timeouts), batches held from the older
+// connection are judged by the live rules and applied, though a newer
+// connection exists and nothing proved them the live process's (the
+// module doc says a held batch of an earlier connection is never applied
+// after a reconnect unless the ring proved the process the same). The
+// dead process's blocks stay credited until the new one publishes.
+
+#[test]
+fn a_dead_connection_s_held_batch_is_not_applied_when_the_new_fill_runs_out() {
+    // Process 1's 2 is held behind the fill of connection 1 (its ring
+    // muted); process 2 takes the endpoints (connection 2), its ring muted
+    // too; the fill runs out and 1:2 starts the stream over process 2.
+    let script = [Step::Pub, Step::Mute, Step::Restart, Step::Gone];
+    let mut run = super::model_tests::Run::new(RING);
+    script.iter().for_each(|&s| run.step(s));
+    run.settle_rounds(1);
+    run.check().unwrap_or_else(|e| panic!("{e}\n{}", run.trace()));
+}
+
+#[test]
+fn a_dead_connection_s_held_batch_is_not_taken_for_the_seeded_process_when_the_fill_runs_out() {
+    // Seeded at process 1's 1. Its 2 arrives on connection 1 after the
+    // drop and waits for the fill of connection 2, which reaches process 2;
+    // that ring's answer comes after the held batch waited out, and 1:2 is
+    // applied as a continuation of the seeded watermark.
+    let script = [Step::Pub, Step::Restart, Step::Gone];
+    let mut run = super::model_tests::Run::new(Start { seeded: true, ..RING });
+    script.iter().for_each(|&s| run.step(s));
+    run.settle_rounds(1);
+    run.check().unwrap_or_else(|e| panic!("{e}\n{}", run.trace()));
+}
+
+// Finding: a gap's replay on a fresh stream becomes a fill when its first
+// answer starts the stream (`start_on_ring`), and ends as one: the replay
+// counted as started is never counted as ok, partial or failed.
+
+#[test]
+fn a_replay_turned_into_a_fill_still_counts_its_outcome() {
+    // Process 2's empty ring ends the fill; its 0 is lost and its 1 shows a
+    // gap from 0 on a fresh stream: a replay, whose first answer starts
+    // the stream.
+    let script = [Step::Restart, Step::Reply, Step::Lost, Step::Pub, Step::Live, Step::Reply, Step::Reply, Step::Reply];
+    let mut run = super::model_tests::Run::new(RING);
+    script.iter().for_each(|&s| run.step(s));
+    run.settle_rounds(1);
+    run.check().and_then(|()| run.exact()).unwrap_or_else(|e| panic!("{e}\n{}", run.trace()));
+    let c = run.counters();
+    assert_eq!(c.replays_started, c.replays_ok + c.replays_partial + c.replays_failed, "{c:?}\n{}", run.trace());
+}
