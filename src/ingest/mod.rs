@@ -79,15 +79,21 @@
 //! answers another batch `last` or nothing from there is another process's
 //! (a restart); one that starts past `last` rolled past the watermark, or
 //! is another process's too (a resync). Either way the workers are cleared,
-//! the watermark forgotten, every held batch dropped (the fill then reads
-//! the ring to its end, which holds them too), and the fill starts again
+//! the watermark forgotten, every held batch dropped (the fill asked next
+//! holds them too, if they were its process's), and the fill starts again
 //! from 0. A fill without a watermark binds the stream to the connection it
 //! was asked on when the ring first answers, again dropping every held
-//! batch. A request running when its connection drops is dropped with it:
-//! a ring answer then would vouch for a connection that is gone, so the
-//! next connection asks afresh.
+//! batch; it then reads the ring to its end, and once more if that end
+//! comes before the newest batch dropped (the answer may predate it).
+//! Batches dropped for want of room are read from the ring the same way
+//! once the held ones are judged. A request running when its connection
+//! drops is dropped with it: a ring answer then would vouch for a
+//! connection that is gone, so the next connection asks afresh.
 //! A request nothing answers is asked again; the live batches held
-//! meanwhile wait at most `REPLAY_SPAN_TIMEOUTS` replay timeouts. The fill
+//! meanwhile wait at most `REPLAY_SPAN_TIMEOUTS` replay timeouts. A fill
+//! that runs out so, its connection unproven, drops the held batches of
+//! older connections (asked for again once) and, if the stream has a
+//! watermark, clears its workers: nothing told the process. The fill
 //! ends with the ring's end marker, or at the first live batch past the
 //! watermark: that batch bounds it (`to`), the live stream has it and
 //! everything after, and whatever of the fill's range is still missing then

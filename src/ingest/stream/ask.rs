@@ -58,10 +58,14 @@ pub(crate) struct Ask {
     /// or another process's): what it sends before the gap's trigger waits
     /// here until the ring's copy of the trigger says whose it is.
     pub rolled: Option<Vec<Batch>>,
-    /// Live batches were dropped unjudged while it ran, newer maybe than
-    /// its answer: the ring is asked once more even if the answer brought
-    /// nothing.
-    pub reread: bool,
+    /// Live batches up to this seq were dropped unjudged while it ran,
+    /// newer maybe than its answer: if the answer ends before it, the ring
+    /// is asked once more (a minimum, never an end: they may be a dead
+    /// process's).
+    pub reach: Option<u64>,
+    /// A gap's replay that became a fill when its first answer started
+    /// the stream: its outcome is counted as a replay's.
+    pub from_replay: bool,
 }
 
 impl Ask {
@@ -83,7 +87,8 @@ impl Ask {
             replies_at_request: 0,
             overflowed: false,
             rolled: None,
-            reread: false,
+            reach: None,
+            from_replay: false,
         }
     }
 

@@ -36,6 +36,10 @@ pub(crate) struct Held {
     /// waited all along). Batches held while the gate is closed only start
     /// waiting when a ring is asked for them.
     pub waiting_since: Option<Instant>,
+    /// The newest seq dropped unjudged (for want of room, or of proof of
+    /// its connection) since the stream last caught up: the ring is read
+    /// past it once the held ones are judged.
+    pub dropped_newest: Option<u64>,
 }
 
 /// Why a batch could not be held.
@@ -127,8 +131,14 @@ impl Held {
         dropped as u64
     }
 
-    /// Drops everything; how many went.
+    /// Drops everything, and forgets what overflowed; how many went.
     pub(crate) fn clear(&mut self, account: &HeldAccount) -> u64 {
+        self.dropped_newest = None;
         self.drop_unless(account, |_| false)
+    }
+
+    /// Notes a batch dropped unjudged.
+    pub(crate) fn dropped_unjudged(&mut self, seq: u64) {
+        self.dropped_newest = Some(self.dropped_newest.map_or(seq, |s| s.max(seq)));
     }
 }

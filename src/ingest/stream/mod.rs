@@ -198,10 +198,6 @@ pub(crate) struct Stream {
     /// closed: startup recovery may have loaded a peer's blocks for them
     /// since, so they are cleared again when it opens.
     clear_at_gate: bool,
-    /// Past the newest batch dropped unjudged when the stream last started
-    /// over: the next fill reads the ring at least that far, so a batch the
-    /// ring's process sent then is not lost until a later one shows the gap.
-    refill_to: Option<u64>,
     log: LogLimiter,
     /// How gaps ended (replayed, missed, resynced): apart from `log` so the
     /// line saying a gap recovered is not swallowed by the one before.
@@ -234,7 +230,6 @@ impl Stream {
             held: Held::default(),
             ranks,
             clear_at_gate: false,
-            refill_to: None,
             log: LogLimiter::default(),
             gap_log: LogLimiter::default(),
         }
@@ -314,7 +309,6 @@ impl Stream {
             cx.bump(&cx.counters.replays_failed, 1);
         }
         self.held.clear(cx.held);
-        self.refill_to = None;
         self.clear_workers(port);
         self.seq.reset();
         // Every connection so far reached the engine that is gone.
@@ -377,7 +371,7 @@ impl Stream {
             // The ring ended before our batch `last`.
             None if verifying => return self.another_process(cx, port, None),
             // A fill no live batch bounded ends with the ring.
-            None if filling && unbounded => return self.finish(cx, port),
+            None if filling && unbounded => return self.ring_ended(cx, port),
             None => return self.ended(cx, port),
             Some(batch) => self.on_replayed(cx, port, batch),
         }
@@ -444,7 +438,17 @@ impl Stream {
                 // and an ask started on the way stops the drain.
                 Phase::Live => match self.held.pop(cx.held) {
                     Some(batch) => self.judge(cx, port, batch),
-                    None => return self.held.caught_up(),
+                    None => {
+                        self.held.caught_up();
+                        // Batches dropped unjudged past what was judged:
+                        // the ring has them if they were its process's.
+                        let last = self.seq.last();
+                        let over = self.held.dropped_newest.take().is_some_and(|s| last.is_none_or(|l| s > l));
+                        if !(over && self.ring.is_some()) {
+                            return;
+                        }
+                        self.phase = Phase::FillDue;
+                    }
                 },
                 _ => return,
             }
@@ -553,12 +557,12 @@ impl Stream {
     }
 
     /// Drops every held batch unjudged (their provenance is unknown at a
-    /// new start); returns the seq just past the newest of them.
+    /// new start); returns the newest seq dropped, overflowed ones included.
     fn drop_held(&mut self, cx: &Cx) -> Option<u64> {
-        let newest = self.held.iter().map(|b| b.seq).max();
+        let newest = self.held.iter().map(|b| b.seq).chain(self.held.dropped_newest).max();
         let dropped = self.held.clear(cx.held);
         self.drop_dead(cx, dropped);
-        newest.map(|seq| seq.saturating_add(1))
+        newest
     }
 
     fn drop_dead(&self, cx: &Cx, n: u64) {
@@ -573,12 +577,14 @@ impl Stream {
             self.held.waiting_since.get_or_insert(cx.now);
         }
         let limits = (cx.cfg.held_batches_max, cx.budget.bytes_max() / HELD_SHARE);
+        let seq = batch.seq;
         if self.held.push(cx.held, batch, limits).is_ok() {
             return;
         }
         // Dropping the newest keeps the held run contiguous; the loss shows
         // up as a gap once the stream catches up.
         cx.bump(&cx.counters.held_dropped, 1);
+        self.held.dropped_unjudged(seq);
         if let Some(ask) = self.ask_mut() {
             ask.overflowed = true;
         }

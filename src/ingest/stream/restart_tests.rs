@@ -57,11 +57,11 @@ fn outcome(start: Start, script: &[Step]) -> Result<(), String> {
     play(start, script)
 }
 
-// a ring request asked while the stream's connection is down is
-// answered by whatever process holds the ring port by then. A stream with
-// no watermark takes the first answer as the process of the connection the
-// request was asked on (`start_on_ring` proves `ask.conn`), so batches the
-// dead process sent on that connection are judged as the new process's.
+// A ring request asked while the stream's connection is down would be
+// answered by whatever process holds the ring port by then, and a stream
+// with no watermark takes the first answer as the process of the
+// connection it was asked on: the request is dropped with the connection,
+// so no batch the dead process sent on it is judged as the new process's.
 
 #[test]
 fn a_ring_answer_after_the_engine_died_does_not_vouch_for_its_dead_connection() {
@@ -93,10 +93,10 @@ fn a_host_gone_without_a_reset_does_not_lend_its_connection_to_the_next_process(
     outcome(Start { gate_open: false, seeded: true, ..RING }, &script).unwrap();
 }
 
-// a restart hidden by a proxy (the connection stays up) whose new
-// process's first delivered batch is neither seq 0 nor far below the
-// watermark is taken for stale duplicates, and the new process's batch
-// `last + 1` then continues the old process's blocks, uncounted.
+// A restart hidden by a proxy (the connection stays up): the new
+// process's batches below the watermark are never taken for duplicates
+// (they do not repeat the batches kept for their seqs), so its batch
+// `last + 1` never continues the old process's blocks.
 
 #[test]
 fn a_restart_behind_a_proxy_is_not_continued_as_the_old_process() {
@@ -113,9 +113,9 @@ fn a_restart_behind_a_proxy_without_a_ring_is_not_continued_as_the_old_process()
     outcome(Start { ring: false, ..RING }, &script).unwrap();
 }
 
-// `Stream::end` (the listener removed) gives back its held
-// batches to the thread's account, but not the batches a gap's replay
-// keeps while its ring is checked (`Ask::rolled`): bytes and gauge leak.
+// `Stream::end` (the listener removed) gives back to the thread's account
+// every batch it holds, those a gap's replay keeps while its ring is
+// checked (`Ask::rolled`) included.
 
 #[test]
 fn removing_a_listener_mid_replay_gives_back_every_byte_it_held() {
@@ -300,10 +300,10 @@ fn explore_quiet_settle() {
     assert!(classes.is_empty(), "{} classes of failures", classes.len());
 }
 
-// Findings of a second review (the ring fill's new bounds, held batches
-// dropped at a new start), each checked once the engine is quiet: the
-// world settles without the extra batches `settle` publishes, so nothing
-// but the stream itself can show what it missed.
+// Held batches dropped unjudged and the fill's bounds, each checked once
+// the engine is quiet: the world settles without the extra batches
+// `settle` publishes, so nothing but the stream itself can show what it
+// missed.
 
 /// Plays `script` from `start`, settles with the engine quiet, and checks
 /// the worker holds exactly the engine's blocks.
@@ -316,12 +316,10 @@ fn quiet_exact(start: Start, script: &[Step]) -> Result<(), String> {
     run.check().and_then(|()| run.exact()).map_err(|e| format!("{e}\n  {:?}\n{}", run.counters(), run.trace()))
 }
 
-// Finding: a bound taken from held batches dropped unjudged (`start_on_ring`
-// sets `ask.to`, `start_over` sets `refill_to`) ends the fill there, though
-// those batches may be a dead process's: the new process's ring is read
-// only up to the dead process's seq, and what it holds past that is never
-// read while the engine is quiet; a removal among it leaves a block the
-// engine evicted credited. A fill with no bound would have read to the end.
+// Held batches dropped unjudged when a ring starts or restarts the stream
+// never bound the fill that follows (they may be a dead process's, with
+// higher seqs): it reads the new process's ring to its end, so a removal
+// there is never left unread while the engine is quiet.
 
 #[test]
 fn a_dead_process_s_dropped_batches_do_not_cut_the_new_process_s_fill_short() {
@@ -346,10 +344,9 @@ fn a_restart_found_by_the_ring_reads_the_new_ring_to_its_end() {
     quiet_exact(Start { gate_open: false, seeded: true, ..RING }, &script).unwrap();
 }
 
-// Finding: held batches dropped for want of room (the newest) are counted
-// (`held_dropped`) but bound nothing: the fill ends at the newest batch
-// still held, and the dropped ones, which the ring still has, wait for a
-// later batch to show their gap.
+// Held batches dropped for want of room (the newest, counted in
+// `held_dropped`) are read from the ring once the held ones are judged,
+// with no later batch needed to show their gap.
 
 #[test]
 fn a_batch_dropped_from_a_full_hold_is_read_from_the_ring() {
@@ -361,13 +358,10 @@ fn a_batch_dropped_from_a_full_hold_is_read_from_the_ring() {
     quiet_exact(Start { gate_open: false, ..RING }, &script).unwrap();
 }
 
-// Finding: when the fill a new connection asks runs out (a ring slow or
-// silent for `REPLAY_SPAN_TIMEOUTS` timeouts), batches held from the older
-// connection are judged by the live rules and applied, though a newer
-// connection exists and nothing proved them the live process's (the
-// module doc says a held batch of an earlier connection is never applied
-// after a reconnect unless the ring proved the process the same). The
-// dead process's blocks stay credited until the new one publishes.
+// When the fill a new connection asks runs out (a ring slow or silent for
+// `REPLAY_SPAN_TIMEOUTS` timeouts), batches held from older connections
+// are dropped, never judged, and the workers of a stream with a watermark
+// are cleared: nothing told the new connection's process.
 
 #[test]
 fn a_dead_connection_s_held_batch_is_not_applied_when_the_new_fill_runs_out() {
@@ -394,9 +388,9 @@ fn a_dead_connection_s_held_batch_is_not_taken_for_the_seeded_process_when_the_f
     run.check().unwrap_or_else(|e| panic!("{e}\n{}", run.trace()));
 }
 
-// Finding: a gap's replay on a fresh stream becomes a fill when its first
-// answer starts the stream (`start_on_ring`), and ends as one: the replay
-// counted as started is never counted as ok, partial or failed.
+// A gap's replay on a fresh stream becomes a fill when its first answer
+// starts the stream (`start_on_ring`); its outcome is still counted as a
+// replay's.
 
 #[test]
 fn a_replay_turned_into_a_fill_still_counts_its_outcome() {

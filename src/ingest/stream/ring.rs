@@ -65,8 +65,7 @@ impl Stream {
             .iter()
             .filter(|b| verify.is_some() || b.conn == self.latest)
             .map(|b| b.seq)
-            .find(|&seq| last.is_none_or(|last| seq > last))
-            .or(self.refill_to.take());
+            .find(|&seq| last.is_none_or(|last| seq > last));
         if last.is_none() && to == Some(0) && self.held.iter().all(|b| b.conn == self.latest) {
             // The live stream has the ring's whole content.
             self.phase = Phase::Live;
@@ -126,13 +125,17 @@ impl Stream {
         self.proven = Some(Conns { since: conn, upto: conn });
         // Held batches are not known to be the ring's process's either: a
         // connection that looks up may be a dead host's. The fill now reads
-        // the ring at least past the newest of them (asking again if its
-        // answer predates them), and a later live batch bounds it again.
-        if let Some(bound) = self.drop_held(cx) {
+        // the ring to its end, asking once more if that ends before the
+        // newest of them (its answer may predate them), and a later live
+        // batch bounds it again.
+        if let Some(newest) = self.drop_held(cx) {
             self.phase = match std::mem::replace(&mut self.phase, Phase::Live) {
-                Phase::Filling(mut ask) | Phase::Replaying(mut ask) => {
-                    ask.to = Some(bound);
-                    ask.reread = true;
+                phase @ (Phase::Filling(_) | Phase::Replaying(_)) => {
+                    let from_replay = matches!(phase, Phase::Replaying(_));
+                    let (Phase::Filling(mut ask) | Phase::Replaying(mut ask)) = phase else { unreachable!() };
+                    ask.from_replay |= from_replay;
+                    ask.to = None;
+                    ask.reach = Some(newest);
                     Phase::Filling(ask)
                 }
                 other => other,
@@ -321,9 +324,9 @@ impl Stream {
         self.proven = Some(Conns { since: conn, upto: conn });
         // Not one held batch is known to be the new process's: the
         // connection asked on may be a dead host's that still looks up. What
-        // the new process sent of them is in its ring: the fill reads it
-        // that far.
-        self.refill_to = self.drop_held(cx);
+        // the new process sent of them is in its ring, which the fill that
+        // follows is asked for after they came.
+        self.drop_held(cx);
     }
 
     /// The replies stopped (end marker, a reply past the range, a pause):
@@ -332,11 +335,26 @@ impl Stream {
     pub(super) fn ended(&mut self, cx: &Cx, port: &mut dyn Port) {
         let next = self.seq.last().map_or(0, |last| last + 1);
         let short = self.ask().is_some_and(|ask| ask.to.is_none_or(|to| next < to));
-        let reread = self.ask_mut().is_some_and(|ask| std::mem::take(&mut ask.reread));
-        if short && (self.retry(cx, port) || reread && self.reask(cx, port)) {
+        if short && (self.retry(cx, port) || self.reread_due() && self.reask(cx, port)) {
             return;
         }
         self.finish(cx, port);
+    }
+
+    /// A fill that reached the ring's end: done, unless it ended before
+    /// batches dropped unjudged while it ran (then asked once more).
+    pub(super) fn ring_ended(&mut self, cx: &Cx, port: &mut dyn Port) {
+        if self.reread_due() && self.reask(cx, port) {
+            return;
+        }
+        self.finish(cx, port);
+    }
+
+    /// Whether the ask's answer ended before the batches it must reach
+    /// (once: the mark is taken).
+    fn reread_due(&mut self) -> bool {
+        let next = self.seq.last().map_or(0, |last| last + 1);
+        self.ask_mut().and_then(|ask| ask.reach.take()).is_some_and(|reach| next <= reach)
     }
 
     /// Asks the ring again, from the watermark reached (checked first, as
@@ -396,10 +414,46 @@ impl Stream {
             }
             // What a fill bounded by a live batch did not get is left to the
             // live rules: that batch, judged next, shows a gap like any other.
-            Phase::Filling(ask) => self.fill_done(cx, &ask),
+            Phase::Filling(ask) => {
+                if ask.from_replay {
+                    let missing = ask.missing + ask.to.map_or(0, |to| to.saturating_sub(next));
+                    count_replay(cx, &ask, missing);
+                }
+                self.fill_done(cx, &ask);
+                if self.proven.is_none_or(|c| c.upto < ask.conn) {
+                    self.unproven_fill(cx, port, &ask);
+                }
+            }
             _ => return,
         }
         self.advance(cx, port);
+    }
+
+    /// A fill ended (its ring silent or too slow) without proving its
+    /// connection reaches the stream's process: batches of older
+    /// connections are never judged after it, and blocks the stream wrote
+    /// may be a dead process's, so its workers are cleared and it starts
+    /// again from whatever the new connection sends.
+    fn unproven_fill(&mut self, cx: &Cx, port: &mut dyn Port, ask: &Ask) {
+        let newest = self.held.iter().filter(|b| b.conn < ask.conn).map(|b| b.seq).max();
+        let dropped = self.held.drop_unless(cx.held, |b| b.conn >= ask.conn);
+        self.drop_dead(cx, dropped);
+        if let Some(seq) = newest {
+            // Asked for again once the rest is judged (once: a ring still
+            // silent then drops nothing more).
+            self.held.dropped_unjudged(seq);
+        }
+        let Some(last) = self.seq.last() else { return };
+        cx.bump(&cx.counters.resyncs, 1);
+        let ring = self.ring.as_deref().unwrap_or("");
+        self.log.warn(|| {
+            format!(
+                "ring {ring} did not answer in time: its process cannot be told from the one of our batch {last}; \
+                 clearing its workers"
+            )
+        });
+        self.clear_workers(port);
+        self.seq.reset();
     }
 
     /// Counts and logs a fill: one line per fill.
@@ -422,15 +476,7 @@ impl Stream {
 
     /// Counts and logs a gap's replay.
     fn replay_done(&mut self, cx: &Cx, ask: &Ask, missing: u64) {
-        cx.bump(&cx.counters.batches_replayed, ask.applied);
-        let outcome = if missing == 0 {
-            &cx.counters.replays_ok
-        } else if ask.applied > 0 {
-            &cx.counters.replays_partial
-        } else {
-            &cx.counters.replays_failed
-        };
-        cx.bump(outcome, 1);
+        count_replay(cx, ask, missing);
         let (from, to, applied) = (ask.first, ask.to.unwrap_or(ask.first), ask.applied);
         let (live, ring) = (&self.endpoint, self.ring.as_deref().unwrap_or(""));
         if missing > 0 {
@@ -443,6 +489,19 @@ impl Stream {
             });
         }
     }
+}
+
+/// Counts a replay's outcome and the batches it applied.
+fn count_replay(cx: &Cx, ask: &Ask, missing: u64) {
+    cx.bump(&cx.counters.batches_replayed, ask.applied);
+    let outcome = if missing == 0 {
+        &cx.counters.replays_ok
+    } else if ask.applied > 0 {
+        &cx.counters.replays_partial
+    } else {
+        &cx.counters.replays_failed
+    };
+    cx.bump(outcome, 1);
 }
 
 /// Takes batches kept from a ring off the held gauge (their charges go
