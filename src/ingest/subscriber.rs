@@ -1,29 +1,27 @@
-//! One connection attempt to a publisher: a SUB socket that ZMQ does not
-//! reconnect in its lifetime (`ZMQ_RECONNECT_IVL` of `NEVER_MS`) and the
-//! PAIR socket reading its monitor. A socket thus carries at most one
+//! One connection attempt to a publisher: a SUB socket that ZMQ never
+//! reconnects (`ZMQ_RECONNECT_IVL` -1) and the PAIR socket reading its
+//! monitor. A socket thus carries at most one
 //! connection, so every batch read from it came from the process that
 //! answered that connection, and a batch read from the next socket came
 //! from whatever answered next. The listener opens the next socket itself
 //! (`listener.rs`), after a backoff, once this one's attempt failed or its
 //! connection dropped and what it had received was read.
 //!
-//! Not -1 ("never reconnect"): libzmq 4.3 then ends the endpoint when the
+//! Known defect: with -1, libzmq 4.3 ends the endpoint when the
 //! connection drops and closes the socket's side of the pipe at once,
-//! dropping what was received and not yet read, and aborting the process
-//! (`fq.cpp`, `!_more`) when that happens between two frames the reader
-//! is taking. With a reconnect merely due in weeks, the pipe stays whole
-//! until the listener has read it and closes the socket. A failed connect
-//! says so on the monitor (`CLOSED`, or only `CONNECT_RETRIED` when the
-//! address does not resolve); an attempt that has not connected within
-//! `CONNECT_ATTEMPT_MS` is given up too.
+//! dropping what was received and not yet read, and aborts the process
+//! (`fq.cpp`, `!_more`) when that lands between two frames the reader is
+//! taking (`tests/ingest_disconnect_backlog.rs`, ignored). A positive
+//! interval far in the future keeps the pipe whole, but then new sockets
+//! to an endpoint whose publisher was rebound sometimes never start their
+//! TCP connect (`tests/faults_restart.rs` stalls), which is worse: that
+//! engine is never followed again. A failed connect says so on the
+//! monitor (`CLOSED`, or only `CONNECT_RETRIED`); an attempt that has not
+//! connected within `CONNECT_ATTEMPT_MS` is given up too.
 
 use super::budget::sub_queue_messages;
 use super::config::{IngestConfig, CONNECT_ATTEMPT_MS};
 use super::zmq_context::{ZmqContext, ZmqSocket};
-
-/// A reconnect interval no socket lives to see (about 24 days), so ZMQ
-/// keeps a dropped connection's pipe for the listener to read.
-const NEVER_MS: i32 = i32::MAX / 100;
 
 /// Longest ZMTP heartbeat TTL libzmq takes (sent in deciseconds, 16 bits).
 const HEARTBEAT_TTL_MS_MAX: i32 = 6_553_500;
@@ -71,8 +69,7 @@ impl Subscriber {
         let queue = sub_queue_messages(cfg.budget_bytes, listeners, cfg.sub_rcvhwm_batches);
         sub.set_rcvhwm(queue).map_err(res)?;
         // One connection per socket: the listener reconnects with a new one.
-        sub.set_reconnect_ivl(NEVER_MS).map_err(res)?;
-        sub.set_reconnect_ivl_max(0).map_err(res)?;
+        sub.set_reconnect_ivl(-1).map_err(res)?;
         sub.set_connect_timeout(CONNECT_ATTEMPT_MS as i32).map_err(res)?;
         if cfg.heartbeat_ivl_ms > 0 {
             // Silence for three intervals after a ping drops the connection
