@@ -71,10 +71,6 @@ impl Outbox {
                 true
             }
             Outbox::Queues { queues, parked, gathered, shutdown, budget } => {
-                let mut msg = msg;
-                if let ShardMsg::Batch { charge, .. } = &mut msg {
-                    charge.queue();
-                }
                 gathered[shard_for(worker, queues.len())].push(msg);
                 let mut sent = true;
                 for ((queue, parked), msgs) in queues.iter().zip(parked.iter()).zip(gathered.iter_mut()) {
@@ -111,12 +107,19 @@ impl Outbox {
 fn send_gathered(queue: &Sender<ShardMsg>, msgs: &mut Vec<ShardMsg>, shutdown: &AtomicBool, budget: &Budget) -> bool {
     // The shards are behind by half the budget: wait for them, so what they
     // have queued stays bounded in bytes (the sockets' queues fill meanwhile,
-    // then the engines' PUB sockets drop, and the loss is a gap).
+    // then the engines' PUB sockets drop, and the loss is a gap). What is
+    // gathered here counts only once sent: counted before, a gathering past
+    // half the budget waited for itself, for ever.
     while budget.shards_behind() {
         if shutdown.load(Ordering::Relaxed) {
             return false;
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+    for msg in msgs.iter_mut() {
+        if let ShardMsg::Batch { charge, .. } = msg {
+            charge.queue();
+        }
     }
     let msg = match msgs.len() {
         1 => msgs.pop().unwrap_or(ShardMsg::Wake),
