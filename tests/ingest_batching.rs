@@ -79,6 +79,10 @@ fn a_batch_for_an_idle_shard_is_applied_while_another_shards_queue_is_full() {
     // the listener is still stuck behind a's shard (whose first batch
     // waits in the sink and whose queue is full).
     assert!(wait_until(|| sink.applied_of(b) == 1), "b's batch waited for a's shard");
+    // a's shard takes its first message and waits in the sink; the next
+    // fills its queue (the queue can show one message before the shard
+    // took the first, so the wait comes first).
+    assert!(wait_until(|| sink.waited.load(Ordering::Relaxed) == 1), "a's shard never took its first batch");
     assert!(wait_until(|| ingest.counters().shard_queue_depths[shard_of(a)] == 1), "a's queue never filled");
     assert_eq!(sink.applied_of(a), 0);
     assert_eq!(sink.waited.load(Ordering::Relaxed), 1);
