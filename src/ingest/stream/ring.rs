@@ -416,11 +416,15 @@ impl Stream {
             // live rules: that batch, judged next, shows a gap like any other.
             Phase::Filling(ask) => {
                 if ask.from_replay {
+                    // Its batches count as filled (below), its outcome as a replay's.
                     let missing = ask.missing + ask.to.map_or(0, |to| to.saturating_sub(next));
-                    count_replay(cx, &ask, missing);
+                    count_replay_outcome(cx, &ask, missing);
                 }
                 self.fill_done(cx, &ask);
-                if self.proven.is_none_or(|c| c.upto < ask.conn) {
+                // Only a ring that never answered leaves the process untold:
+                // a fill ended by overflow or its reply budget judges the
+                // held batches by the live rules, as a gap then asks again.
+                if ask.replies == 0 && !ask.overflowed && self.proven.is_none_or(|c| c.upto < ask.conn) {
                     self.unproven_fill(cx, port, &ask);
                 }
             }
@@ -494,6 +498,11 @@ impl Stream {
 /// Counts a replay's outcome and the batches it applied.
 fn count_replay(cx: &Cx, ask: &Ask, missing: u64) {
     cx.bump(&cx.counters.batches_replayed, ask.applied);
+    count_replay_outcome(cx, ask, missing);
+}
+
+/// Counts a replay's outcome: ok, partial or failed.
+fn count_replay_outcome(cx: &Cx, ask: &Ask, missing: u64) {
     let outcome = if missing == 0 {
         &cx.counters.replays_ok
     } else if ask.applied > 0 {

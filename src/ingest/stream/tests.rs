@@ -132,3 +132,19 @@ fn a_batch_dropped_when_the_ring_starts_the_stream_is_read_from_the_ring() {
     run.check().unwrap();
     assert_eq!(run.counters().unproven_dropped, 1);
 }
+
+#[test]
+fn a_fill_stopped_by_an_overflow_before_its_answer_keeps_the_seeded_blocks() {
+    // Seeded, gate closed: batches 2..=7 are held (the model holds six).
+    // The gate opens and the fill from the watermark is asked; batch 8
+    // overflows the hold, which stops the fill before the ring answered.
+    // The ring was never silent: the workers are not cleared for it.
+    let mut run = Run::new(Start { gate_open: false, seeded: true, ..RING });
+    for _ in 2..8 {
+        steps(&mut run, &[Step::Pub, Step::Live]);
+    }
+    steps(&mut run, &[Step::Gate, Step::Pub, Step::Live, Step::Wait]);
+    run.settle();
+    run.check().unwrap();
+    assert_eq!(run.counters().resyncs, 0, "{:?}", run.counters());
+}
