@@ -22,6 +22,22 @@ fn scripts(alphabet: &[Step], len: u32) -> impl Iterator<Item = Vec<Step>> + '_ 
     })
 }
 
+/// Failures by class (start's ring, extra steps in the script, verdict):
+/// how many, and the shortest report.
+type Classes = BTreeMap<String, (usize, String)>;
+
+/// Counts failure `e` of `script` in its class.
+fn note_failure(classes: &mut Classes, start: Start, script: &[Step], e: String) {
+    let verdict = e.lines().next().unwrap_or("").split("]: ").nth(1).unwrap_or("").to_string();
+    let extra: Vec<_> = EXTRA_STEPS.iter().filter(|s| script.contains(s)).collect();
+    let key = format!("{:?} {extra:?}: {}", start.ring, verdict.chars().take(40).collect::<String>());
+    let entry = classes.entry(key).or_insert((0, e.clone()));
+    entry.0 += 1;
+    if e.len() < entry.1.len() {
+        entry.1 = e;
+    }
+}
+
 /// Every script of `MODEL_LEN` (4) steps over the model's steps and the
 /// extra ones, minus those named in `MODEL_WITHOUT`; failures grouped by
 /// their first line's verdict, one example each.
@@ -32,15 +48,11 @@ fn explore_extra_steps() {
     let without = std::env::var("MODEL_WITHOUT").unwrap_or_default();
     let alphabet: Vec<Step> =
         STEPS.iter().chain(EXTRA_STEPS.iter()).copied().filter(|s| !without.contains(&format!("{s:?}"))).collect();
-    let mut classes: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    let mut classes = Classes::new();
     for start in starts() {
         for script in scripts(&alphabet, len) {
             if let Err(e) = play(start, &script) {
-                let verdict = e.lines().next().unwrap_or("").split("]: ").nth(1).unwrap_or("").to_string();
-                let extra: Vec<_> = EXTRA_STEPS.iter().filter(|s| script.contains(s)).collect();
-                let key = format!("{:?} {extra:?}: {}", start.ring, verdict.chars().take(40).collect::<String>());
-                let entry = classes.entry(key).or_insert((0, e.clone()));
-                entry.0 += 1;
+                note_failure(&mut classes, start, &script, e);
             }
         }
     }
@@ -158,21 +170,14 @@ fn explore_extra_steps_at_random() {
     let alphabet: Vec<Step> =
         STEPS.iter().chain(EXTRA_STEPS.iter()).copied().filter(|s| !without.contains(&format!("{s:?}"))).collect();
     let common = [Step::Pub, Step::Pub, Step::Live, Step::Live, Step::Reply, Step::Reply, Step::Reply];
-    let mut classes: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    let mut classes = Classes::new();
     for (i, start) in starts().into_iter().enumerate() {
         let mut rng = crate::test_rng::RngStar(seed + i as u64);
         for _ in 0..count {
             let script: Vec<Step> =
                 (0..len).map(|_| if rng.chance(2) { rng.pick(&common) } else { rng.pick(&alphabet) }).collect();
             if let Err(e) = play(start, &script) {
-                let verdict = e.lines().next().unwrap_or("").split("]: ").nth(1).unwrap_or("").to_string();
-                let extra: Vec<_> = EXTRA_STEPS.iter().filter(|s| script.contains(s)).collect();
-                let key = format!("{:?} {extra:?}: {}", start.ring, verdict.chars().take(40).collect::<String>());
-                let entry = classes.entry(key).or_insert((0, e.clone()));
-                entry.0 += 1;
-                if script.len() < entry.1.len() {
-                    entry.1 = e;
-                }
+                note_failure(&mut classes, start, &script, e);
             }
         }
     }
@@ -274,7 +279,7 @@ fn explore_quiet_settle() {
     let alphabet: Vec<Step> =
         STEPS.iter().chain(EXTRA_STEPS.iter()).copied().filter(|s| !without.contains(&format!("{s:?}"))).collect();
     let common = [Step::Pub, Step::Pub, Step::Live, Step::Live, Step::Reply, Step::Reply, Step::Reply];
-    let mut classes: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    let mut classes = Classes::new();
     for (i, start) in starts().into_iter().enumerate() {
         let mut rng = crate::test_rng::RngStar(seed + i as u64);
         let random = (0..count).map(|_| {
@@ -283,14 +288,7 @@ fn explore_quiet_settle() {
         let all: Vec<Vec<Step>> = scripts(&alphabet, len).chain(random.collect::<Vec<_>>()).collect();
         for script in all {
             if let Err(e) = play_quiet(start, &script) {
-                let verdict = e.lines().next().unwrap_or("").split("]: ").nth(1).unwrap_or("").to_string();
-                let extra: Vec<_> = EXTRA_STEPS.iter().filter(|s| script.contains(s)).collect();
-                let key = format!("{:?} {extra:?}: {}", start.ring, verdict.chars().take(40).collect::<String>());
-                let entry = classes.entry(key).or_insert((0, e.clone()));
-                entry.0 += 1;
-                if e.len() < entry.1.len() {
-                    entry.1 = e;
-                }
+                note_failure(&mut classes, start, &script, e);
             }
         }
     }
