@@ -18,6 +18,8 @@
 //! same process (a new one that published past `last` has a batch `last`
 //! too, with other content).
 
+use std::collections::VecDeque;
+
 /// A listener key's watermark: the highest seq dealt with, and the digest
 /// of that batch's payload (None when it was given up as lost, or saved by
 /// a build that kept none).
@@ -73,11 +75,27 @@ pub(crate) enum Verdict {
 }
 
 /// Seqs a ring fill applied ahead of the live stream on one connection.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Filled {
     lo: u64,
     hi: u64,
     conn: u32,
+    /// Digests of the newest of them (at most `FILLED_DIGESTS_MAX`), up to
+    /// `hi`: a live copy among these must match byte for byte.
+    digests: VecDeque<u64>,
+}
+
+/// Digests a fill window keeps (8 bytes each, only while the window is
+/// open): far more than the live batches in flight behind a fill.
+const FILLED_DIGESTS_MAX: usize = 1024;
+
+impl Filled {
+    /// The digest the fill applied at `seq`, if kept.
+    fn digest(&self, seq: u64) -> Option<u64> {
+        let first = self.hi + 1 - self.digests.len() as u64;
+        let i = seq.checked_sub(first)?;
+        self.digests.get(usize::try_from(i).ok()?).copied()
+    }
 }
 
 /// Seq watermark of one listener key.
@@ -96,9 +114,11 @@ pub(crate) struct Sequencer {
     /// Seqs `lo..=hi` a ring fill applied that the live stream of
     /// connection `conn` may still deliver (a publisher sends a batch live
     /// and keeps it in its ring): such a copy is a duplicate whatever its
-    /// seq. The live stream comes in order, so each copy moves `lo` past
-    /// it; the window ends with its last copy, a live batch applied past
-    /// `hi`, or a reset. Another connection owes no copies.
+    /// seq, if it matches what the fill applied (as far as its digest is
+    /// kept). Each copy moves `lo` to `RECENT_BATCHES` below it (the live
+    /// rule's reach for a late copy); the window ends with the copy of
+    /// `hi`, a live batch applied past `hi`, or a reset. Another connection
+    /// owes no copies.
     filled: Option<Filled>,
 }
 
@@ -190,25 +210,35 @@ impl Sequencer {
     }
 
     /// Whether live batch `seq` of connection `conn`, with `digest`, is a
-    /// copy of one a fill applied (drop it); the copies still owed are then
-    /// those after it. One still among the recent ones must match it byte
-    /// for byte: another process's batch of the same seq is no copy.
+    /// copy of one a fill applied (drop it). It must match the fill's copy
+    /// byte for byte where that digest is kept (another process's batch of
+    /// the same seq is no copy), or the recent one of that seq where only
+    /// that is.
     pub(crate) fn take_filled_copy(&mut self, seq: u64, conn: u32, digest: u64) -> bool {
-        let Some(f) = self.filled.filter(|f| f.conn == conn && (f.lo..=f.hi).contains(&seq)) else {
+        let Some(f) = self.filled.as_mut().filter(|f| f.conn == conn && (f.lo..=f.hi).contains(&seq)) else {
             return false;
         };
         let slot = self.recent[(seq % RECENT_BATCHES as u64) as usize];
-        if slot.0 == seq.wrapping_add(1) && slot.1 != digest {
+        let known = f.digest(seq).or((slot.0 == seq.wrapping_add(1)).then_some(slot.1));
+        if known.is_some_and(|d| d != digest) {
             return false;
         }
-        self.filled = (seq < f.hi).then_some(Filled { lo: seq + 1, ..f });
+        if seq == f.hi {
+            // The copies a proxy may still deliver late are recent ones.
+            self.filled = None;
+            return true;
+        }
+        f.lo = f.lo.max((seq + 1).saturating_sub(RECENT_BATCHES as u64));
+        let first = f.hi + 1 - f.digests.len() as u64;
+        let stale = f.lo.saturating_sub(first).min(f.digests.len() as u64);
+        f.digests.drain(..stale as usize);
         true
     }
 
     /// `accept` for a live batch: past what a fill applied ahead, the live
     /// stream owes no more copies.
     pub(crate) fn accept_live(&mut self, seq: u64, digest: u64) {
-        if self.filled.is_some_and(|f| seq > f.hi) {
+        if self.filled.as_ref().is_some_and(|f| seq > f.hi) {
             self.filled = None;
         }
         self.accept(seq, Some(digest));
@@ -218,8 +248,22 @@ impl Sequencer {
     /// whose live copy connection `conn` may still deliver.
     pub(crate) fn accept_filled(&mut self, from: u64, seq: u64, digest: u64, conn: u32) {
         self.accept(seq, Some(digest));
-        let lo = self.filled.filter(|f| f.conn == conn).map_or(from, |f| f.lo);
-        self.filled = Some(Filled { lo, hi: seq, conn });
+        let mut f = match self.filled.take().filter(|f| f.conn == conn) {
+            Some(mut f) => {
+                if seq != f.hi + 1 {
+                    // Seqs given up between: their digests are not known.
+                    f.digests.clear();
+                }
+                f.hi = seq;
+                f
+            }
+            None => Filled { lo: from, hi: seq, conn, digests: VecDeque::new() },
+        };
+        if f.digests.len() == FILLED_DIGESTS_MAX {
+            f.digests.pop_front();
+        }
+        f.digests.push_back(digest);
+        self.filled = Some(f);
     }
 
     /// Forgets the watermark: the next batch starts a new stream.
@@ -351,12 +395,41 @@ mod tests {
         for seq in [0, 3] {
             assert!(s.take_filled_copy(seq, 1, seq), "{seq}");
         }
-        // The live stream comes in order: after 3, a 0 is no copy.
-        assert!(!s.take_filled_copy(0, 1, 0));
+        // A proxy may deliver a copy late, as far back as the recent ones reach.
+        assert!(s.take_filled_copy(0, 1, 0));
+        assert!(s.take_filled_copy(200, 1, 200));
+        assert!(s.take_filled_copy(200 - RECENT_BATCHES as u64 + 1, 1, 200 - RECENT_BATCHES as u64 + 1));
+        assert!(!s.take_filled_copy(200 - RECENT_BATCHES as u64, 1, 200 - RECENT_BATCHES as u64));
         assert_eq!(s.judge_live(501, SAME, 0), Verdict::Apply);
         s.accept_live(501, 501);
         // The live stream passed the window: no more copies are owed.
         assert!(!s.take_filled_copy(500, 1, 500));
+    }
+
+    #[test]
+    fn late_copies_far_behind_a_fill_are_checked_against_what_it_applied() {
+        let mut s = Sequencer::new(None);
+        (0..=3_000).for_each(|seq| s.accept_filled(0, seq, seq + 100, 1));
+        // Behind a proxy, copies come out of order, far behind the fill.
+        for seq in [2_900, 2_899, 2_950, 2_901] {
+            assert!(s.take_filled_copy(seq, 1, seq + 100), "{seq}");
+        }
+        // Another process's batch of a seq the fill applied is no copy.
+        assert!(!s.take_filled_copy(2_960, 1, 7));
+        assert_eq!(s.judge_live(2_960, SAME, 7), Verdict::Restart);
+        // Past the digests kept, only the window bounds what a copy is.
+        assert!(!s.take_filled_copy(10, 1, 110), "moved past");
+    }
+
+    #[test]
+    fn seqs_given_up_inside_a_fill_take_any_copy() {
+        let mut s = Sequencer::new(None);
+        (0..=3).for_each(|seq| s.accept_filled(0, seq, seq + 100, 1));
+        s.accept(6, None);
+        s.accept_filled(0, 7, 107, 1);
+        assert!(s.take_filled_copy(5, 1, 999), "lost in the ring: its copy cannot be checked");
+        assert!(!s.take_filled_copy(7, 1, 999));
+        assert!(s.take_filled_copy(7, 1, 107));
     }
 
     #[test]

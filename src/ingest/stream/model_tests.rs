@@ -239,7 +239,7 @@ impl Port for World {
 pub(super) struct Run {
     world: World,
     pub(super) stream: Stream,
-    cfg: IngestConfig,
+    pub(super) cfg: IngestConfig,
     counters: Counters,
     held: HeldAccount,
     budget: std::sync::Arc<Budget>,

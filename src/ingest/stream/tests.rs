@@ -148,3 +148,36 @@ fn a_fill_stopped_by_an_overflow_before_its_answer_keeps_the_seeded_blocks() {
     run.check().unwrap();
     assert_eq!(run.counters().resyncs, 0, "{:?}", run.counters());
 }
+
+#[test]
+fn live_copies_a_proxy_swapped_far_behind_a_fill_are_duplicates() {
+    let mut run = Run::new(RING);
+    run.cfg.replay_batches_max = 200;
+    // Batch 2 comes and is held; the fill's answer (0 and 1) starts the
+    // stream and drops it unjudged, then asks again. Meanwhile 3..=82 go
+    // out, 11 and 12 swapped, and the second answer runs to 82 before the
+    // live stream shows any of them.
+    steps(&mut run, &[Step::Pub, Step::Live]);
+    for _ in 3..=12 {
+        run.step(Step::Pub);
+    }
+    run.step(Step::Swap);
+    for _ in 13..=82 {
+        run.step(Step::Pub);
+    }
+    for _ in 0..200 {
+        run.step(Step::Reply);
+    }
+    assert!(!run.stream.asking(), "the fill has ended\n{}", run.trace());
+    assert_eq!(run.counters().batches_filled, 83);
+    // 3..=10, 12, 11, 13..=82, all behind the watermark: copies of what
+    // the fill applied, 11 after 12 too (out of the recent ones by then),
+    // not a restart.
+    for _ in 3..=82 {
+        run.step(Step::Live);
+    }
+    run.settle();
+    run.check().unwrap();
+    let c = run.counters();
+    assert_eq!((c.restarts, c.duplicates_dropped), (0, 80), "{c:?}\n{}", run.trace());
+}
