@@ -116,6 +116,21 @@ pub(crate) struct ZmqSocket {
     _context: ZmqContext,
 }
 
+impl ZmqSocket {
+    /// Stops the socket's monitor, if any: from now on no event is sent to
+    /// it. libzmq's I/O thread sends monitor events with a blocking send,
+    /// so one sent once the reading end is gone (a socket still ending its
+    /// connection after its reader was closed) would stop that thread, and
+    /// with it every connection of the context, for good.
+    pub(crate) fn stop_monitor(&mut self) {
+        // SAFETY: a live socket of ours; a null endpoint is libzmq's way
+        // to stop monitoring (it closes the monitor's own socket).
+        unsafe {
+            zmq_sys::zmq_socket_monitor(self.socket.as_mut_ptr(), std::ptr::null(), 0);
+        }
+    }
+}
+
 impl Deref for ZmqSocket {
     type Target = zmq::Socket;
     fn deref(&self) -> &zmq::Socket {
