@@ -89,7 +89,7 @@ pub fn settle(c: &mut Ctx, ours: &Server, dynamo: Option<&Server>) -> Result<(),
     c.report.put(sec, "engines", "ring_batches", json!(p.ring_batches));
     c.report.mib(sec, "engines", "ring", p.ring_bytes);
     c.report.mib(sec, "engines", "processes_rss", c.pubs.rss());
-    let s = watch::wait_ours(&ours.base, &p, t0, c.timeout())?;
+    let s = watch::wait_ours(ours, &p, t0, c.timeout())?;
     c.report.secs(sec, "ours", "settle", s.secs);
     c.report.put(sec, "ours", "pairs", json!(s.pairs));
     c.report.put(sec, "ours", "engines_behind", json!(s.behind));
@@ -173,7 +173,7 @@ pub fn replica(c: &mut Ctx, ours: &Server) -> Result<(), String> {
     c.report.secs(sec, "ours", "healthy", t0.elapsed().as_secs_f64());
     let at_health = watch::ours(&r.base).map(|(_, p)| p).unwrap_or(0);
     c.report.put(sec, "ours", "pairs_at_healthy", json!(at_health));
-    let s = watch::wait_ours(&r.base, &c.published, t0, c.timeout())?;
+    let s = watch::wait_ours(&r, &c.published, t0, c.timeout())?;
     c.report.secs(sec, "ours", "settle", s.secs);
     c.report.put(sec, "ours", "pairs", json!(s.pairs));
     c.report.put(sec, "ours", "engines_behind", json!(s.behind));
@@ -204,7 +204,7 @@ pub fn snapshot(c: &mut Ctx, mut ours: Server) -> Result<Server, String> {
     let mut warm = Server::spawn("ours", &c.a.bin, &args)?;
     warm.wait_healthy(HEALTH_WAIT)?;
     c.report.secs(sec, "ours", "start_to_healthy", t0.elapsed().as_secs_f64());
-    let s = watch::wait_ours(&warm.base, &c.published, t0, c.timeout())?;
+    let s = watch::wait_ours(&warm, &c.published, t0, c.timeout())?;
     c.report.secs(sec, "ours", "start_to_settled", s.secs);
     c.report.put(sec, "ours", "pairs", json!(s.pairs));
     c.report.put(sec, "ours", "engines_behind", json!(s.behind));
@@ -243,7 +243,7 @@ pub fn flood(c: &mut Ctx, mut ours: Server) -> Result<Server, String> {
     warm.wait_healthy(HEALTH_WAIT)?;
     let healthy = t0.elapsed().as_secs_f64();
     c.report.secs(sec, "ours", "start_to_healthy", healthy);
-    let s = watch::wait_ours(&warm.base, &c.published, t0, c.timeout())?;
+    let s = watch::wait_ours(&warm, &c.published, t0, c.timeout())?;
     c.report.secs(sec, "ours", "start_to_settled", s.secs);
     c.report.secs(sec, "ours", "healthy_to_settled", s.secs - healthy);
     c.report.put(sec, "ours", "pairs", json!(s.pairs));
@@ -273,7 +273,7 @@ pub fn flood_empty(c: &mut Ctx, mut ours: Server) -> Result<Server, String> {
     let args = c.our_args(None, true);
     let t0 = Instant::now();
     let fresh = Server::spawn("ours", &c.a.bin, &args)?;
-    let s = watch::wait_ours(&fresh.base, &c.published, t0, c.timeout())?;
+    let s = watch::wait_ours(&fresh, &c.published, t0, c.timeout())?;
     c.report.secs(sec, "ours", "start_to_settled", s.secs);
     let first = s.first_pair_s.unwrap_or(0.0);
     c.report.secs(sec, "ours", "start_to_first_pair", first);

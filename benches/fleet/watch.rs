@@ -58,7 +58,8 @@ pub struct Settled {
 /// Polls our daemon at `base` until it has settled on `published`, or
 /// nothing moved for [`STALL`] (idle engines send nothing more that could
 /// show a daemon what it lacks).
-pub fn wait_ours(base: &str, published: &Published, t0: Instant, timeout: Duration) -> Result<Settled, String> {
+pub fn wait_ours(server: &Server, published: &Published, t0: Instant, timeout: Duration) -> Result<Settled, String> {
+    let base = &server.base;
     let mut prev = None;
     let mut first_pair_s = None;
     let mut moved_s = 0.0;
@@ -81,8 +82,11 @@ pub fn wait_ours(base: &str, published: &Published, t0: Instant, timeout: Durati
             }
             prev = Some((seq_sum, pairs));
         }
+        if !server.running() {
+            return Err(format!("our daemon exited before it settled: {}", server.log_tail()));
+        }
         if t0.elapsed() > timeout {
-            return Err(format!("our daemon did not settle within {timeout:?}"));
+            return Err(format!("our daemon did not settle within {timeout:?}: {}", server.log_tail()));
         }
         std::thread::sleep(POLL);
     }
