@@ -16,7 +16,8 @@
 //!
 //! Run: `cargo bench --bench fleet -- --trace PATH [--engines 1024 --copies
 //! 16 --gpu-blocks 16384] [--dynamo PATH] [--json out.json]`; `--help` lists
-//! every option.
+//! every option. With `FLEET_LOG_DIR=DIR` each server's whole log also
+//! goes to `DIR/NAME.log`.
 
 #[path = "fleet/args.rs"]
 mod args;

@@ -52,8 +52,17 @@ impl Server {
         let snapshot_lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = mpsc::channel();
         let (keep, snaps) = (tail.clone(), snapshot_lines.clone());
+        // With FLEET_LOG_DIR set, every line also goes to DIR/NAME.log.
+        let mut copy = std::env::var_os("FLEET_LOG_DIR").map(|dir| {
+            let path = std::path::Path::new(&dir).join(format!("{name}.log"));
+            std::fs::File::create(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        });
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(f) = copy.as_mut() {
+                    use std::io::Write;
+                    let _ = writeln!(f, "{line}");
+                }
                 if let Some(port) = port_of(&line) {
                     let _ = tx.send(port);
                 }
