@@ -3,12 +3,12 @@
 //! pairs (64 workers x 16,384 blocks by default), through the real daemon.
 //!
 //! A peer serving a `/dump` of that state fills the first daemon; each
-//! round then stops the daemon (SIGTERM: capture with shard sync, encode,
-//! crash-safe write with fsync) and starts the next from the file (read,
-//! decode, restore into fresh indexes). The figures are the daemon's own,
-//! from its debug log: `snapshot written (stop): ... (capture C ms, write
-//! W ms)` and `snapshot restored: ... in R ms`; the load total is from the
-//! process's spawn to that line.
+//! round then stops the daemon (SIGTERM: capture with shard sync, the
+//! indexes read out into the file, crash-safe write with fsync) and starts
+//! the next from the file (open, events read into fresh indexes). The
+//! figures are the daemon's own, from its debug log: `snapshot written
+//! (stop): ... (capture C ms, write W ms)` and `snapshot restored: ... in
+//! R ms`; the load total is from the process's spawn to that line.
 //!
 //! Memory, from /proc: the resident set once loaded (VmRSS 1.2 s after
 //! the `restored` line: the allocator's trim thread runs each second);
@@ -274,11 +274,11 @@ fn main() {
     println!("| step | ms |");
     println!("|---|---:|");
     for (name, v) in [
-        ("capture (watermarks, shard sync, dump_events)", &mut capture),
-        ("write (encode, temp file, fsync, rename, fsync dir)", &mut write),
+        ("capture (watermarks, shard sync, registrations)", &mut capture),
+        ("write (indexes read out into the temp file, fsync, rename, fsync dir)", &mut write),
         ("**save total** (what a stop costs)", &mut save),
-        ("restore (apply events to fresh indexes)", &mut restore),
-        ("**load total** (spawn to restored: start, read, decode, restore)", &mut load),
+        ("restore (events read and applied to fresh indexes)", &mut restore),
+        ("**load total** (spawn to restored: start, open, restore)", &mut load),
     ] {
         println!("| {name} | {:.1} |", median(v));
     }
