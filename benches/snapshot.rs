@@ -3,12 +3,20 @@
 //! pairs (64 workers x 16,384 blocks by default), through the real daemon.
 //!
 //! A peer serving a `/dump` of that state fills the first daemon; each
-//! round then stops the daemon (SIGTERM: capture with shard sync, encode,
-//! crash-safe write with fsync) and starts the next from the file (read,
-//! decode, restore into fresh indexes). The figures are the daemon's own,
-//! from its debug log: `snapshot written (stop): ... (capture C ms, write
-//! W ms)` and `snapshot restored: ... in R ms`; the load total is from the
-//! process's spawn to that line.
+//! round then stops the daemon (SIGTERM: capture with shard sync, the
+//! indexes read out into the file, crash-safe write with fsync) and starts
+//! the next from the file (open, events read into fresh indexes). The
+//! figures are the daemon's own, from its debug log: `snapshot written
+//! (stop): ... (capture C ms, write W ms)` and `snapshot restored: ... in
+//! R ms`; the load total is from the process's spawn to that line.
+//!
+//! Memory, from /proc: the resident set once loaded (VmRSS 1.2 s after
+//! the `restored` line: the allocator's trim thread runs each second);
+//! the peak while loading (VmHWM at that line) and while saving (VmHWM
+//! reset through `clear_refs` just before SIGTERM, read every 2 ms until
+//! the process is gone), each also over that resident set. Memory freed
+//! that the allocator keeps counts in the resident set, so the absolute
+//! peaks compare best between builds.
 //!
 //! `cargo bench --bench snapshot [-- --workers N --blocks N --dir PATH --rounds N]`
 //! (`--dir` picks the file system; default: the system temp dir).
@@ -105,6 +113,7 @@ fn serve(body: Vec<u8>) -> String {
 /// The daemon, its stderr lines as they come.
 struct Daemon {
     child: Child,
+    pid: u32,
     lines: Receiver<String>,
     started: Instant,
 }
@@ -127,7 +136,12 @@ impl Daemon {
                 let _ = tx.send(line);
             }
         });
-        Daemon { child, lines, started }
+        Daemon { pid: child.id(), child, lines, started }
+    }
+
+    /// VmRSS and VmHWM, in bytes (0 once the process is gone).
+    fn memory(&self) -> (u64, u64) {
+        memory(self.pid)
     }
 
     /// The first line from now on that contains `text`, and when it came.
@@ -143,13 +157,27 @@ impl Daemon {
         }
     }
 
-    /// SIGTERM, then its stop snapshot's log line.
-    fn stop(mut self) -> String {
+    /// SIGTERM, then its stop snapshot's log line and the peak resident
+    /// set the stop reached, in bytes.
+    fn stop(mut self) -> (String, u64) {
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.pid), "5");
+        let pid = self.pid;
+        let peak = std::thread::spawn(move || {
+            let mut peak = 0;
+            loop {
+                let (rss, hwm) = memory(pid);
+                if rss == 0 {
+                    return peak;
+                }
+                peak = peak.max(hwm);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
         // SAFETY: plain kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let (line, _) = self.wait_for("snapshot written (stop)");
         assert_eq!(self.child.wait().ok().and_then(|s| s.code()), Some(0), "a clean stop");
-        line
+        (line, peak.join().unwrap())
     }
 }
 
@@ -158,6 +186,16 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// VmRSS and VmHWM of `pid`, in bytes (0 when it has none: gone).
+fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |key: &str| {
+        let v = status.lines().find_map(|l| l.strip_prefix(key));
+        v.and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok()).map_or(0, |k| k * 1024)
+    };
+    (kb("VmRSS:"), kb("VmHWM:"))
 }
 
 /// The number before `unit` in `line` (`"... 12.5 ms"`), after `after`.
@@ -197,10 +235,12 @@ fn main() {
     let d = Daemon::start(&[&first[..], &["--peer-timeout-ms", "600000"]].concat());
     let (line, _) = d.wait_for("recovered from peer");
     assert!(line.contains(&format!(" {pairs} blocks ")), "the peer's state is held: {line}");
-    let mut saved = d.stop();
+    let (mut saved, _) = d.stop();
 
     let (mut capture, mut write, mut save) = (vec![], vec![], vec![]);
     let (mut restore, mut load) = (vec![], vec![]);
+    let (mut save_peak, mut save_add, mut load_peak, mut load_add, mut settled) =
+        (vec![], vec![], vec![], vec![], vec![]);
     let mut bytes = 0;
     for _ in 0..rounds.max(1) {
         assert!(saved.contains(&format!(" {pairs} pairs, ")), "{saved}");
@@ -212,9 +252,18 @@ fn main() {
         let d = Daemon::start(&snapshot);
         let (line, at) = d.wait_for("snapshot restored");
         assert!(line.contains(&format!(" {pairs} pairs, ")), "{line}");
+        let (_, hwm) = d.memory();
         restore.push(number(&line, " watermark(s) in ", "ms"));
         load.push((at - d.started).as_secs_f64() * 1e3);
-        saved = d.stop();
+        std::thread::sleep(Duration::from_millis(1_200));
+        let (rss, _) = d.memory();
+        settled.push(rss as f64 / 1e6);
+        load_peak.push(hwm as f64 / 1e6);
+        load_add.push(hwm.saturating_sub(rss) as f64 / 1e6);
+        let peak;
+        (saved, peak) = d.stop();
+        save_peak.push(peak as f64 / 1e6);
+        save_add.push(peak.saturating_sub(rss) as f64 / 1e6);
     }
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -225,11 +274,22 @@ fn main() {
     println!("| step | ms |");
     println!("|---|---:|");
     for (name, v) in [
-        ("capture (watermarks, shard sync, dump_events)", &mut capture),
-        ("write (encode, temp file, fsync, rename, fsync dir)", &mut write),
+        ("capture (watermarks, shard sync, registrations)", &mut capture),
+        ("write (indexes read out into the temp file, fsync, rename, fsync dir)", &mut write),
         ("**save total** (what a stop costs)", &mut save),
-        ("restore (apply events to fresh indexes)", &mut restore),
-        ("**load total** (spawn to restored: start, read, decode, restore)", &mut load),
+        ("restore (events read and applied to fresh indexes)", &mut restore),
+        ("**load total** (spawn to restored: start, open, restore)", &mut load),
+    ] {
+        println!("| {name} | {:.1} |", median(v));
+    }
+    println!("| memory | MB |");
+    println!("|---|---:|");
+    for (name, v) in [
+        ("resident set once loaded (VmRSS, 1.2 s after restored)", &mut settled),
+        ("peak while loading (VmHWM at restored)", &mut load_peak),
+        ("**peak a load adds** (that over the resident set)", &mut load_add),
+        ("peak while saving (VmHWM during the stop)", &mut save_peak),
+        ("**peak a save adds** (that over the resident set)", &mut save_add),
     ] {
         println!("| {name} | {:.1} |", median(v));
     }

@@ -104,6 +104,7 @@ pub struct DumpEntry {
     pub events: Vec<DumpEvent>,
 }
 
+#[cfg(test)]
 impl DumpEntry {
     /// (block, worker) pairs the events leave.
     pub fn pairs(&self) -> u64 {
@@ -309,7 +310,7 @@ pub fn parse_dump_counted(body: &[u8]) -> Result<DumpParse, BodyError> {
 /// A sink that keeps every entry.
 #[cfg(test)]
 #[derive(Default)]
-struct Collect(Vec<DumpEntry>);
+pub(crate) struct Collect(pub(crate) Vec<DumpEntry>);
 
 #[cfg(test)]
 impl DumpSink for Collect {

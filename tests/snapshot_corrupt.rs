@@ -7,7 +7,7 @@ mod snapshot_support;
 mod support;
 
 use serde_json::json;
-use snapshot_support::{format, header_len, reseal, well_formed, TempDir};
+use snapshot_support::{format, header_len, reseal, well_formed, TempDir, TRAILER_BYTES};
 use std::process::{Command, Stdio};
 use support::daemon::Daemon;
 use support::publisher::{PublisherConfig, TestPublisher};
@@ -45,7 +45,6 @@ fn valid_snapshot() -> Vec<u8> {
 fn an_untrustworthy_file_is_reported_and_ignored_never_half_loaded() {
     let valid = valid_snapshot();
     let h = header_len(&valid);
-    let body = &valid[h..];
     let mut flipped = valid.clone();
     *flipped.last_mut().unwrap() ^= 0x01;
     let mut future = valid.clone();
@@ -53,35 +52,74 @@ fn an_untrustworthy_file_is_reported_and_ignored_never_half_loaded() {
     let mut old = valid.clone();
     // Format 3 still loads; 2 is the newest no longer read.
     old[8..12].copy_from_slice(&2u32.to_le_bytes());
-    // Checksums right, content wrong: the registrations decode, the index
-    // section after them does not; nothing may be applied.
-    let half = reseal(&valid, &body[..body.len() - 1]);
+    // Checksum right, content wrong: the header, the registrations and
+    // every event read, then the records' end is not one; nothing of what
+    // was read may be applied.
+    let mut last = valid.clone();
+    let end = valid.len() - TRAILER_BYTES - 1;
+    assert_eq!(last[end], 0, "the records' end");
+    last[end] = 9;
+    reseal(&mut last);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("empty", Vec::new(), "the file is empty"),
         ("truncated", valid[..valid.len() / 2].to_vec(), "truncated"),
+        ("events-cut", valid[..end].to_vec(), "truncated"),
         ("header-cut", valid[..h - 3].to_vec(), "truncated"),
-        ("corrupt", flipped, "body checksum mismatch"),
+        ("corrupt", flipped, "checksum mismatch"),
         ("foreign", b"{\"some\": \"json\"}\n".to_vec(), "not a kv-indexer snapshot"),
         ("future", future, "written by a newer kv-indexer"),
         ("old", old, "written by an older kv-indexer in format 2"),
-        ("half", half, "malformed body"),
+        ("last", last, "unknown record kind 9"),
     ];
     for (name, bytes, phrase) in cases {
         let dir = TempDir::new(name);
         std::fs::write(dir.file(), &bytes).unwrap();
-        // Only the resealed one has lengths and checksums that agree.
-        assert_eq!(well_formed(&dir.file()), name == "half", "{name}");
+        // Only the resealed one has a checksum that agrees.
+        assert_eq!(well_formed(&dir.file()), name == "last", "{name}");
         let mut d = Daemon::start(&["--snapshot-dir", &dir.arg(), "--snapshot-interval-s", "0"]);
         assert!(wait_until(|| d.get("/health").0 == 200), "{name}: ready");
         assert!(d.wait_logged("ignoring snapshot"), "{name}: no report in {:?}", d.log());
         let line = d.log().iter().find(|l| l.contains("ignoring snapshot")).cloned().unwrap();
         assert!(line.contains(" WARN ignoring") && line.contains(phrase), "{name}: {line}");
+        assert!(line.contains(&dir.file().display().to_string()), "{name}: names the file: {line}");
         assert_eq!(d.log().iter().filter(|l| l.contains("snapshot")).count(), 1, "{name}: one line");
         assert_eq!(d.get_json("/dump").1, json!({}), "{name}: no index");
         assert_eq!(d.get_json("/workers").1, json!([]), "{name}: no registration");
         assert_eq!(d.terminate(), Some(0));
         let replaced = well_formed(&dir.file()) && std::fs::read(dir.file()).unwrap() != bytes;
         assert!(replaced, "{name}: the stop snapshot replaces the bad file");
+    }
+}
+
+#[test]
+fn a_file_bad_past_its_registrations_starts_the_command_line_as_without_one() {
+    let valid = valid_snapshot();
+    let mut cut = valid[..valid.len() - TRAILER_BYTES - 1].to_vec();
+    cut.truncate(cut.len() - 3);
+    let p = TestPublisher::new(PublisherConfig { block_size: 4, seed: 12, ..PublisherConfig::default() });
+    let workers = format!("7={}", p.endpoint);
+    for (name, bytes, flags, phrase) in [
+        ("cut", cut, vec![], "truncated"),
+        ("max-pairs", valid.clone(), vec!["--max-pairs", "4"], "more (block, worker) pairs than --max-pairs 4"),
+    ] {
+        let dir = TempDir::new(name);
+        std::fs::write(dir.file(), &bytes).unwrap();
+        let dir_arg = dir.arg();
+        let mut args = vec!["--snapshot-dir", &dir_arg, "--snapshot-interval-s", "0", "--block-size", "4"];
+        args.extend(["--workers", &workers]);
+        args.extend(flags);
+        let mut d = Daemon::start(&args);
+        assert!(wait_until(|| d.get("/health").0 == 200), "{name}: ready");
+        assert!(d.wait_logged("ignoring snapshot"), "{name}: no report in {:?}", d.log());
+        let line = d.log().iter().find(|l| l.contains("ignoring snapshot")).cloned().unwrap();
+        assert!(line.contains(phrase), "{name}: {line}");
+        assert_eq!(d.log().iter().filter(|l| l.contains("snapshot")).count(), 1, "{name}: one line");
+        // The command line's worker, and none of the snapshot's (instance 1).
+        let (_, workers) = d.get_json("/workers");
+        let ids: Vec<u64> = workers.as_array().unwrap().iter().map(|w| w["instance_id"].as_u64().unwrap()).collect();
+        assert_eq!(ids, vec![7], "{name}: {workers}");
+        assert!(!d.get("/dump").1.contains("block_hash"), "{name}: no block of the snapshot");
+        assert_eq!(d.terminate(), Some(0));
     }
 }
 

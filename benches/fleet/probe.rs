@@ -138,15 +138,20 @@ impl Server {
         let _ = std::fs::write(format!("/proc/{}/clear_refs", self.pid), "5");
     }
 
-    /// SIGTERM, then waits for the exit (however long a snapshot takes); the seconds it took.
-    pub fn stop(&mut self) -> Result<f64, String> {
-        let Some(mut child) = self.child.take() else { return Ok(0.0) };
+    /// SIGTERM, then waits for the exit (however long a snapshot takes);
+    /// the seconds it took, and the highest VmHWM read meanwhile (every
+    /// 5 ms until the exit: the peak since `reset_peak`, but for the last
+    /// few ms).
+    pub fn stop(&mut self) -> Result<(f64, u64), String> {
+        let Some(mut child) = self.child.take() else { return Ok((0.0, 0)) };
         let t = Instant::now();
+        let mut peak = 0;
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         while t.elapsed() < EXIT_WAIT {
+            peak = peak.max(ProcStatus::read(self.pid).hwm);
             if let Ok(Some(_)) = child.try_wait() {
-                return Ok(t.elapsed().as_secs_f64());
+                return Ok((t.elapsed().as_secs_f64(), peak));
             }
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -192,9 +192,10 @@ pub fn snapshot(c: &mut Ctx, mut ours: Server) -> Result<Server, String> {
     c.report.load(sec);
     let before = ours.status();
     ours.reset_peak();
-    let save_s = ours.stop()?;
+    let (save_s, save_peak) = ours.stop()?;
     c.report.secs(sec, "ours", "stop_with_save", save_s);
     c.report.mib(sec, "ours", "rss_before", before.rss);
+    c.report.mib(sec, "ours", "stop_peak_rss", save_peak);
     let written = ours.snapshot_lines.lock().unwrap().iter().find(|l| l.contains("written")).cloned();
     c.report.note(sec, "ours", written.as_deref().unwrap_or("no snapshot line logged"));
     let file = c.snapshot_dir.join("snapshot.bin");

@@ -3,10 +3,12 @@
 //! opens the ready gate, tells systemd, reopens the access log and rereads
 //! the workers file on SIGHUP, and stops cleanly on SIGTERM or SIGINT.
 //!
-//! Startup order: the snapshot (`--snapshot-dir`) is read and decoded whole;
-//! with a snapshot or peers the ready gate starts closed. The workers file
-//! is read (a bad one stops the start). The snapshot's
-//! indexes are rebuilt and its watermarks seeded, then listeners connect
+//! Startup order: the snapshot (`--snapshot-dir`) is opened, its header
+//! and registrations read; with a snapshot or peers the ready gate starts
+//! closed. The workers file is read (a bad one stops the start). The
+//! snapshot's events stream into its indexes (a file found bad on the way
+//! leaves nothing applied: the start goes on as without one), its
+//! watermarks are seeded, then listeners connect
 //! (`--workers` and the workers file's entries, merged with the snapshot as
 //! the command line is, then the snapshot's other registrations; they hold
 //! what engines send), the HTTP API answers (`/health` says why it is not ready yet),
@@ -26,7 +28,6 @@
 pub mod notify;
 pub mod recovery;
 pub mod signals;
-mod staging;
 pub mod unix_socket;
 
 use crate::config::Config;
@@ -80,16 +81,16 @@ fn start(cfg: &Config) -> Result<Running, String> {
     let workers_file = cfg.workers_file.clone().map(WorkersFile::new);
     let reread = on_hangup(&hangup, access_log.clone(), workers_file.is_some());
 
-    // Decoded whole before anything starts: a bad file is ignored, never half-applied.
+    // Opened before anything starts; its events are applied whole or not
+    // at all (`snapshot::restore`).
     let snapshot_dir = cfg.snapshot_dir.as_deref().map(SnapshotDir::open).transpose()?.map(Arc::new);
     let saved = snapshot_dir.as_ref().and_then(|d| d.load());
     let recovering = !cfg.peers.is_empty() || saved.is_some();
-    let restored = saved.is_some();
     let ingest = start_ingest(cfg, recovering)?;
     let budget = Arc::new(crate::index::Budget::new(cfg.max_pairs));
     let predict = crate::predict::PredictLimits::new(cfg.predict_max_blocks, cfg.predict_ttl_ms);
     let registry = Arc::new(Registry::new(ingest.clone(), cfg.jump, budget).with_predict(predict));
-    register_workers(cfg, &registry, workers_file.as_ref(), saved)?;
+    let restored = register_workers(cfg, &registry, workers_file.as_ref(), saved)?;
 
     let readiness =
         Arc::new(Readiness { recovered: AtomicBool::new(!recovering), min_workers: cfg.min_initial_workers });
@@ -146,37 +147,39 @@ fn start_ingest(cfg: &Config, recovering: bool) -> Result<Arc<Ingest>, String> {
 }
 
 /// Registers `--workers` and the workers file's entries, merged with a
-/// saved snapshot's registrations when there is one.
+/// saved snapshot's registrations when there is one; whether the snapshot
+/// was applied.
 fn register_workers(
     cfg: &Config,
     registry: &Registry,
     workers_file: Option<&WorkersFile>,
-    saved: Option<snapshot::Snapshot>,
-) -> Result<(), String> {
+    saved: Option<snapshot::Saved>,
+) -> Result<bool, String> {
     let file_entries = match workers_file {
         Some(f) => read_workers_file(f, &cfg.workers)?,
         None => Vec::new(),
     };
-    let workers = cfg.workers.clone();
-    match saved {
+    // The file's entries merge with the snapshot as the command line's do.
+    let restored = match saved {
         Some(s) => {
-            // The file's entries merge with the snapshot as the command line's do.
             let file = file_entries.iter().map(|e| e.args.clone()).collect();
-            snapshot::restore(registry, snapshot::plan(s, workers, file))?;
-            for e in &file_entries {
-                registry.adopt_from_file(&e.args);
-            }
+            snapshot::restore(registry, &s.path, s.opened, cfg.workers.clone(), file)?.is_ok()
         }
-        None => {
-            for args in workers {
-                registry.register(args).map_err(|e| format!("--workers: {e}"))?;
-            }
+        None => false,
+    };
+    if restored {
+        for e in &file_entries {
+            registry.adopt_from_file(&e.args);
+        }
+    } else {
+        for args in cfg.workers.clone() {
+            registry.register(args).map_err(|e| format!("--workers: {e}"))?;
         }
     }
     if let Some(f) = workers_file {
         f.apply(registry, &file_entries, "at start")?;
     }
-    Ok(())
+    Ok(restored)
 }
 
 /// Starts the HTTP API on TCP and, with `--unix-socket`, on its socket.

@@ -6,8 +6,8 @@
 //! the held events drain, converging the weakly consistent snapshot.
 //!
 //! The dump is read as it arrives and loaded into fresh indexes nobody
-//! sees (`staging`), which take the old ones' places only once it arrived
-//! whole: a peer that fails mid-dump (a dropped connection, a malformed,
+//! sees (`registry::staging`), which take the old ones' places only once
+//! it arrived whole: a peer that fails mid-dump (a dropped connection, a malformed,
 //! truncated or refused dump, silence past `--peer-timeout-ms`) is skipped
 //! with a warning that names it and why, nothing of its dump applied, and
 //! the next peer is tried. No peer gives one: start empty (or keep the
@@ -25,8 +25,8 @@
 //! trickling bytes cannot hold startup either, past the first such window
 //! the dump must bring `PACE_BYTES_MIN` a window on average (`Paced`).
 
-use super::staging::Staging;
 use crate::dump::{binary, read_dump_json, ReadFailed, Skipped};
+use crate::registry::staging::Staging;
 use crate::registry::Registry;
 use std::io::BufReader;
 use std::time::Duration;
@@ -111,7 +111,7 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
     let mut out = Recovered::default();
     for peer in peers {
         let started = std::time::Instant::now();
-        let mut staging = Staging::new(registry);
+        let mut staging = Staging::new(registry, "recovery");
         let (skipped, format) = match fetch_dump(peer, timeout, &mut staging) {
             Ok(read) => read,
             Err(e) => {
@@ -127,7 +127,13 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
             );
         }
         registry.counters.add_unsupported_residency(skipped.unsupported_residency);
-        let kept = staging.keep(over_snapshot);
+        let kept = match staging.keep(over_snapshot) {
+            Ok(kept) => kept,
+            Err(e) => {
+                crate::warn!("recovery: peer {peer} failed: {e}; nothing of its dump is applied");
+                continue;
+            }
+        };
         if over_snapshot {
             crate::info!("peer {peer}'s dump replaces the snapshot's blocks of {} worker(s)", kept.replaced_workers);
         }

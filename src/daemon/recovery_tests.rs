@@ -183,7 +183,7 @@ fn truncated_and_corrupted_compact_dumps_are_refused_by_reason_and_the_next_peer
         let (ingest, r) = registry(Budget::unlimited());
         // The fetch alone says why.
         let (url, t) = peer(Answer::new(binary::MEDIA_TYPE, body.clone()));
-        let mut staging = Staging::new(&r);
+        let mut staging = Staging::new(&r, "recovery");
         let err = fetch_dump(&url, SECOND * 5, &mut staging).expect_err(why);
         assert!(err.contains(why), "{err}");
         drop(staging);
@@ -241,7 +241,7 @@ fn a_dump_that_keeps_arriving_outlasts_the_timeout_and_a_silent_or_trickling_one
         // Held open until the reader gives up.
         let _ = s.read(&mut buf);
     });
-    let mut staging = Staging::new(&r2);
+    let mut staging = Staging::new(&r2, "recovery");
     let err = fetch_dump(&url, Duration::from_millis(300), &mut staging).unwrap_err();
     assert!(err.contains("timed out") || err.contains("WouldBlock") || err.contains("temporarily"), "{err}");
     drop(staging);
@@ -250,7 +250,7 @@ fn a_dump_that_keeps_arriving_outlasts_the_timeout_and_a_silent_or_trickling_one
     let body = dump_of(Format::Json, &index_of(GOOD));
     let trickle = Answer { chunk: Some(8), pause: Duration::from_millis(50), ..Answer::new("application/json", body) };
     let (url, t) = peer(trickle);
-    let mut staging = Staging::new(&r2);
+    let mut staging = Staging::new(&r2, "recovery");
     let err = fetch_dump(&url, Duration::from_millis(300), &mut staging).unwrap_err();
     assert!(err.contains("per --peer-timeout-ms"), "{err}");
     drop(staging);

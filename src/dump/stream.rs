@@ -1,6 +1,7 @@
 //! `/dump` written piece by piece from the live indexes, JSON or compact,
 //! so a dump's memory is one worker's events and one piece, whatever the
-//! index holds.
+//! index holds. A snapshot writes its events the same way, as the compact
+//! records alone (`DumpStream::records`).
 //!
 //! What a dump taken while events land promises: per index, each worker's
 //! events are exactly the blocks it held at one instant, the instant its
@@ -61,6 +62,18 @@ impl DumpStream {
             compact: binary::Writer::default(),
             piece_bytes: PIECE_BYTES,
         }
+    }
+
+    /// The compact records alone, for a format that embeds them (a
+    /// snapshot, `binary::Writer::records`): no magic, and the end record
+    /// is its kind alone.
+    pub fn records(sources: Vec<Source>) -> DumpStream {
+        DumpStream { compact: binary::Writer::records(), ..DumpStream::new(Format::Compact, sources) }
+    }
+
+    /// What the compact writer wrote so far (JSON: nothing).
+    pub fn counts(&self) -> binary::Counts {
+        self.compact.counts()
     }
 
     /// The same stream in pieces of `bytes` (tests cut a small dump into many).

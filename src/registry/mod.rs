@@ -13,12 +13,12 @@ pub mod event_status;
 #[cfg(test)]
 mod limits_tests;
 pub mod readiness;
+pub mod staging;
 pub mod state_metrics;
 mod swap;
 
 pub use swap::IndexRef;
 
-use crate::dump::DumpEntry;
 use crate::event::{Event, StorageTier, WorkerId};
 use crate::index::{ApplyOutcome, Budget, Index, IndexConfig};
 use crate::ingest::{EventSink, Ingest, IngestError, ListenerId, ListenerInfo, ListenerSpec};
@@ -126,16 +126,6 @@ impl IndexHandle {
         self.predictions.drop_worker(worker);
     }
 
-    /// The index's events, as `/dump` and snapshots hold them.
-    pub fn dump(&self) -> DumpEntry {
-        DumpEntry {
-            model_name: self.model_name.clone(),
-            tenant_id: self.tenant_id.clone(),
-            block_size: self.index().block_size(),
-            events: self.index().dump_events(),
-        }
-    }
-
     /// The workers registered to this index, sorted.
     pub fn registered(&self) -> Vec<WorkerId> {
         self.registered.read().clone()
@@ -155,15 +145,6 @@ impl IndexHandle {
         let mut outcome = ApplyOutcome::default();
         self.apply_each(std::slice::from_ref(event), |o| outcome = *o);
         outcome
-    }
-
-    /// Loads a dump (a peer's or a snapshot's) into the index, each event
-    /// counted and its bookings confirmed as a live one's would be.
-    pub fn load(&self, events: Vec<crate::index::DumpEvent>) -> crate::index::Loaded {
-        let mut noted = Noted::new(self);
-        let loaded = self.index().load_dump_owned(events, |e, o| noted.note(e, o));
-        noted.finish();
-        loaded
     }
 
     /// Applies events in order: the index, then their worker's bookings and

@@ -2,19 +2,30 @@
 //!
 //! Order matters (see the module doc of `snapshot`): watermarks first, then
 //! the writer shards drain everything queued so far (which includes every
-//! batch up to those watermarks), then registrations and index dumps. The
-//! indexes may then be a little ahead of the watermarks, never behind.
-//! Each index is dumped under its own writer lock, so its shards wait for
-//! that one dump; queries do not wait at all.
+//! batch up to those watermarks), then registrations, then the indexes,
+//! each read out a worker at a time as the file is written
+//! (`dump::stream`, as `/dump` reads them: each worker's blocks at one
+//! instant, after the drain). The indexes may then be a little ahead of
+//! the watermarks, never behind. A worker's shard waits only while that
+//! worker is read; queries do not wait at all.
 
-use super::{now_unix_ms, SavedRegistration, Snapshot};
+use super::SavedRegistration;
+use crate::dump::stream::{DumpStream, Source};
 use crate::registry::{RegisterArgs, Registry};
 use rustc_hash::FxHashMap;
 
-/// Captures the registry's state. Fails, writing nothing, when the writer
-/// shards do not drain in time: the dumps could then miss batches the
-/// watermarks claim.
-pub fn capture(registry: &Registry) -> Result<Snapshot, String> {
+/// A snapshot being taken: its registrations, and its indexes' records
+/// still to read out.
+pub struct Captured {
+    pub registrations: Vec<SavedRegistration>,
+    pub events: DumpStream,
+}
+
+/// Reads the watermarks, drains the writer shards and reads the
+/// registrations; the indexes are read out as `events` is. Fails, writing
+/// nothing, when the writer shards do not drain in time: the indexes could
+/// then miss batches the watermarks claim.
+pub fn capture(registry: &Registry) -> Result<Captured, String> {
     let watermarks: FxHashMap<_, _> = registry.ingest().watermarks().into_iter().collect();
     registry
         .ingest()
@@ -35,11 +46,10 @@ pub fn capture(registry: &Registry) -> Result<Snapshot, String> {
         };
         registrations.push(SavedRegistration { args, last_seq: watermarks.get(&r.worker).copied() });
     }
-    let indexes = registry.indexes().iter().map(|h| h.dump()).collect();
-    Ok(Snapshot {
-        created_unix_ms: now_unix_ms(),
-        daemon_version: crate::version().to_string(),
-        registrations,
-        indexes,
-    })
+    let sources = registry
+        .indexes()
+        .iter()
+        .map(|h| Source { model_name: h.model_name.clone(), tenant_id: h.tenant_id.clone(), index: h.index_arc() })
+        .collect();
+    Ok(Captured { registrations, events: DumpStream::records(sources) })
 }

@@ -1,20 +1,22 @@
 //! The snapshot directory: one file, `snapshot.bin`, replaced atomically,
 //! and a lock so two daemons never share a directory.
 //!
-//! A write goes to `snapshot.bin.tmp` in the same directory, is fsynced,
-//! renamed over `snapshot.bin`, and the directory is fsynced so the rename
-//! itself is durable. A crash at any point leaves either the old file or
-//! the new one, never a mix; a stale temp file is removed at open. Reads
-//! look at the header first, so a huge foreign file is refused without
-//! being read, and never read more than the header announces.
+//! A write goes to `snapshot.bin.tmp` in the same directory as the state
+//! is read out (`write`: a piece at a time), is fsynced, renamed over
+//! `snapshot.bin`, and the directory is fsynced so the rename itself is
+//! durable. A crash at any point leaves either the old file or the new
+//! one, never a mix; a stale temp file is removed at open. A read opens
+//! the file through a fixed buffer and reads its header and registrations
+//! (`read::open`); the events follow as `restore` applies them.
 
 use super::capture::capture;
-use super::codec::{announced_len, decode, encode, SnapshotError, HEADER_BYTES_MAX};
-use super::Snapshot;
+use super::codec::SnapshotError;
+use super::read::{open, Opened};
+use super::write::write;
 use crate::registry::Registry;
 use parking_lot::Mutex;
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::BufReader;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -24,6 +26,15 @@ pub const FILE_NAME: &str = "snapshot.bin";
 const TEMP_NAME: &str = "snapshot.bin.tmp";
 const LOCK_NAME: &str = "snapshot.lock";
 
+/// Bytes read from the file at a time.
+const READ_BUFFER_BYTES: usize = 1 << 20;
+
+/// A snapshot file opened at startup, its events still to apply.
+pub struct Saved {
+    pub path: PathBuf,
+    pub opened: Opened<BufReader<File>>,
+}
+
 /// What one write did, for the log and the benchmark.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WriteStats {
@@ -31,9 +42,9 @@ pub struct WriteStats {
     pub pairs: u64,
     pub registrations: usize,
     pub indexes: usize,
-    /// Reading watermarks, draining shards and dumping indexes.
+    /// Reading watermarks, draining shards, reading registrations.
     pub capture_ms: f64,
-    /// Encoding, writing, fsync and rename.
+    /// Reading the indexes out as the file is written, fsync and rename.
     pub write_ms: f64,
 }
 
@@ -74,34 +85,24 @@ impl SnapshotDir {
         self.dir.join(FILE_NAME)
     }
 
-    /// Reads and decodes the snapshot; `Ok(None)` when there is none.
-    pub fn read(&self) -> Result<Option<Snapshot>, SnapshotError> {
-        let mut file = match File::open(self.path()) {
+    /// Opens the snapshot (its header and registrations read); `Ok(None)`
+    /// when there is none.
+    pub fn read(&self) -> Result<Option<Opened<BufReader<File>>>, SnapshotError> {
+        let file = match File::open(self.path()) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(SnapshotError::Io(e.to_string())),
         };
-        let io = |e: std::io::Error| SnapshotError::Io(e.to_string());
-        let len = file.metadata().map_err(io)?.len();
-        let mut bytes = Vec::new();
-        (&mut file).take(HEADER_BYTES_MAX as u64).read_to_end(&mut bytes).map_err(io)?;
-        let need = announced_len(&bytes)?;
-        if len > need {
-            return Err(SnapshotError::TrailingBytes { extra: len - need });
-        }
-        // Bounded by the announced length, itself bounded by the header
-        // check; `decode` says if the file is shorter.
-        bytes.reserve_exact((len as usize).saturating_sub(bytes.len()));
-        file.take(need - bytes.len() as u64).read_to_end(&mut bytes).map_err(io)?;
-        decode(&bytes).map(Some)
+        let len = file.metadata().map_err(|e| SnapshotError::Io(e.to_string()))?.len();
+        open(BufReader::with_capacity(READ_BUFFER_BYTES, file), len).map(Some)
     }
 
-    /// Reads the snapshot for startup: `None` when there is none or it
+    /// Opens the snapshot for startup: `None` when there is none or it
     /// cannot be used, said in one log line.
-    pub fn load(&self) -> Option<Snapshot> {
+    pub fn load(&self) -> Option<Saved> {
         let path = self.path();
         match self.read() {
-            Ok(Some(s)) => Some(s),
+            Ok(Some(opened)) => Some(Saved { path, opened }),
             Ok(None) => {
                 crate::info!("no snapshot at {}; starting without one", path.display());
                 None
@@ -113,36 +114,33 @@ impl SnapshotDir {
         }
     }
 
-    fn write_locked(&self, snapshot: &Snapshot) -> std::io::Result<u64> {
-        let bytes = encode(snapshot);
-        let tmp = self.dir.join(TEMP_NAME);
-        let result = (|| {
-            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            drop(f);
-            fs::rename(&tmp, self.path())?;
-            File::open(&self.dir)?.sync_all()
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result.map(|()| bytes.len() as u64)
-    }
-
     /// Captures the registry's state and writes it; one write at a time.
     pub fn save(&self, registry: &Registry) -> Result<WriteStats, String> {
         let _one = self.writing.lock();
         let t = Instant::now();
-        let snapshot = capture(registry)?;
+        let captured = capture(registry)?;
         let capture_ms = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        let bytes = self.write_locked(&snapshot).map_err(|e| format!("writing {}: {e}", self.path().display()))?;
+        let tmp = self.dir.join(TEMP_NAME);
+        let result = (|| {
+            let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            let written =
+                write(&mut f, super::now_unix_ms(), crate::version(), &captured.registrations, captured.events)?;
+            f.sync_all()?;
+            drop(f);
+            fs::rename(&tmp, self.path())?;
+            File::open(&self.dir)?.sync_all()?;
+            Ok(written)
+        })();
+        let written = result.map_err(|e: std::io::Error| {
+            let _ = fs::remove_file(&tmp);
+            format!("writing {}: {e}", self.path().display())
+        })?;
         Ok(WriteStats {
-            bytes,
-            pairs: snapshot.pairs(),
-            registrations: snapshot.registrations.len(),
-            indexes: snapshot.indexes.len(),
+            bytes: written.bytes,
+            pairs: written.counts.blocks,
+            registrations: written.registrations,
+            indexes: written.counts.indexes as usize,
             capture_ms,
             write_ms: t.elapsed().as_secs_f64() * 1e3,
         })

@@ -4,38 +4,50 @@
 //! `DIR/snapshot.bin` every `--snapshot-interval-s` and on SIGTERM/SIGINT,
 //! and reads it back at startup before anything else is applied.
 //!
-//! What a snapshot holds (`Snapshot`): per (model, tenant) index its block
-//! size and its dump (`Index::dump_events`, loaded back by
-//! `Index::load_dump`, as a peer's dump is); every
-//! registration (instance, dp rank, endpoints, model, tenant, block size)
-//! with its listener's sequence watermark. The watermark is what makes the
-//! restart exact rather than merely warm: seeded back into ingest, the
-//! engine's next batch after a gap asks its replay ring for precisely the
-//! batches the daemon missed while it was down; a seq that went back says
-//! the engine restarted and clears its workers (see `ingest`).
+//! What a snapshot holds: every registration (instance, dp rank,
+//! endpoints, model, tenant, block size) with its listener's sequence
+//! watermark; per (model, tenant) index its block size and the blocks each
+//! worker holds, as `/dump` lists them, loaded back as a peer's dump is
+//! (`index::Loader`). The watermark is what makes the restart exact rather
+//! than merely warm: seeded back into ingest, the engine's next batch
+//! after a gap asks its replay ring for precisely the batches the daemon
+//! missed while it was down; a seq that went back says the engine
+//! restarted and clears its workers (see `ingest`).
 //!
 //! Consistency: watermarks are read first, then the writer shards drain
-//! what was queued, then the indexes are dumped. So the indexes reflect at
-//! least every batch up to each watermark, possibly a few more; replaying
-//! those again at startup is harmless (stores and removes are idempotent).
-//! The reverse order could lose batches for good.
+//! what was queued, then the indexes are read out. So the indexes reflect
+//! at least every batch up to each watermark, possibly a few more;
+//! replaying those again at startup is harmless (stores and removes are
+//! idempotent). The reverse order could lose batches for good.
 //!
-//! Files: `codec` is the byte format (versioned, checksummed, every length
-//! bounded; decoding is all or nothing), `file` the crash-safe write and
-//! bounded read, `capture` takes a snapshot of a running registry,
-//! `restore` merges one with the command line and applies it, `periodic`
+//! Memory: both ways stream. A save reads the indexes out a worker at a
+//! time into the file through a fixed buffer; a load reads the header and
+//! registrations, decides what to keep (`plan`), then applies the events
+//! as they are read into the indexes being built. Neither holds a second
+//! copy of the state (formats 3 and 4, from older builds, are read whole).
+//!
+//! Files: `codec` is the byte format (versioned, checksummed, every count
+//! bounded), `write` and `read` write and read it as a stream, `legacy`
+//! reads formats 3 and 4 whole, `file` the crash-safe write and the
+//! opening of the file, `capture` reads a running registry in order,
+//! `plan` merges a snapshot's registrations with the command line into a
+//! filter of its events, `restore` applies it all or nothing, `periodic`
 //! is the background writer. Nothing here touches sockets or the index's
-//! internals: it uses the registry's and ingest's public faces.
+//! internals: it uses the registry's, ingest's and the dump's faces.
 
 mod capture;
 mod codec;
 mod file;
+mod legacy;
 mod periodic;
+mod plan;
+mod read;
 mod restore;
+mod write;
 
-pub use file::SnapshotDir;
+pub use file::{Saved, SnapshotDir};
 pub use periodic::Periodic;
-pub use restore::{plan, restore};
+pub use restore::restore;
 
 use crate::dump::DumpEntry;
 use crate::ingest::Watermark;
@@ -54,7 +66,8 @@ pub struct SavedRegistration {
 /// worker holds, as a `/dump` entry holds them.
 pub type SavedIndex = DumpEntry;
 
-/// A daemon's state at one moment.
+/// A daemon's state at one moment, whole: what a format 3 or 4 file
+/// decodes to (`legacy`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
     /// Wall-clock time of the capture, ms since the Unix epoch.
@@ -63,13 +76,6 @@ pub struct Snapshot {
     pub daemon_version: String,
     pub registrations: Vec<SavedRegistration>,
     pub indexes: Vec<SavedIndex>,
-}
-
-impl Snapshot {
-    /// (block, worker) pairs over every index.
-    pub fn pairs(&self) -> u64 {
-        self.indexes.iter().map(SavedIndex::pairs).sum()
-    }
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).

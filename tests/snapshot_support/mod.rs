@@ -1,6 +1,6 @@
 //! Helpers for the snapshot tests: a scratch directory removed on drop,
-//! a worker's blocks read from a daemon's /dump, and the header layout
-//! (to forge files whose checksums are right but whose content is not).
+//! a worker's blocks read from a daemon's /dump, and the file's layout
+//! (to forge files whose checksum is right but whose content is not).
 
 #![allow(dead_code)]
 
@@ -91,38 +91,31 @@ pub fn facts(dump: &Value) -> BTreeSet<String> {
 
 /// Length of a snapshot file's header (see `snapshot::codec`).
 pub fn header_len(file: &[u8]) -> usize {
-    14 + u16::from_le_bytes([file[12], file[13]]) as usize + 32
+    14 + u16::from_le_bytes([file[12], file[13]]) as usize + 8
 }
 
-/// Replaces a file's body and makes both checksums right again.
-pub fn reseal(file: &[u8], body: &[u8]) -> Vec<u8> {
+/// Bytes of a snapshot file's trailer: four counts and the checksum.
+pub const TRAILER_BYTES: usize = 4 + 4 + 8 + 8 + 8;
+
+/// Makes a file's checksum (its last 8 bytes) right again after a change.
+pub fn reseal(file: &mut [u8]) {
     use xxhash_rust::xxh3::xxh3_64;
-    let h = header_len(file);
-    let mut out = file[..h].to_vec();
-    let fixed = h - 32;
-    out[fixed + 8..fixed + 16].copy_from_slice(&(body.len() as u64).to_le_bytes());
-    out[fixed + 16..fixed + 24].copy_from_slice(&xxh3_64(body).to_le_bytes());
-    let sum = xxh3_64(&out[..h - 8]);
-    out[h - 8..].copy_from_slice(&sum.to_le_bytes());
-    out.extend_from_slice(body);
-    out
+    let n = file.len() - 8;
+    let sum = xxh3_64(&file[..n]);
+    file[n..].copy_from_slice(&sum.to_le_bytes());
 }
 
-/// Whether `path` holds a whole snapshot file: the magic, a header and a
-/// body whose lengths and checksums agree (what decoding checks before the
-/// body; the restart tests check the body by restoring it).
+/// Whether `path` holds a whole snapshot file: the magic, then a checksum
+/// at its end that matches every byte before it (what the reader checks
+/// last; the restart tests check the content by restoring it).
 pub fn well_formed(path: &Path) -> bool {
     use xxhash_rust::xxh3::xxh3_64;
     let Ok(file) = std::fs::read(path) else { return false };
-    if file.len() < 14 || &file[..8] != b"KVIXSNAP" || file.len() < header_len(&file) {
+    if file.len() < 12 + TRAILER_BYTES || &file[..8] != b"KVIXSNAP" {
         return false;
     }
-    let h = header_len(&file);
-    let u64_at = |at: usize| u64::from_le_bytes(file[at..at + 8].try_into().unwrap());
-    let fixed = h - 32;
-    u64_at(h - 8) == xxh3_64(&file[..h - 8])
-        && u64_at(fixed + 8) == (file.len() - h) as u64
-        && u64_at(fixed + 16) == xxh3_64(&file[h..])
+    let n = file.len() - 8;
+    u64::from_le_bytes(file[n..].try_into().unwrap()) == xxh3_64(&file[..n])
 }
 
 /// The format of a snapshot file (at its fixed offset 8, forever).

@@ -1,5 +1,6 @@
-//! A peer's dump loaded where nobody sees it, then kept whole or not at
-//! all: the staging half of startup recovery.
+//! A dump loaded where nobody sees it, then kept whole or not at all: a
+//! peer's at startup recovery (`daemon::recovery`), a snapshot's
+//! (`snapshot::restore`).
 //!
 //! Each index the dump names is loaded as it arrives into a fresh index
 //! of the registry's making (`Registry::new_index`), held here; queries and
@@ -8,17 +9,24 @@
 //! after copying into it, over a snapshot, the old index's workers the
 //! dump does not name (the peer's blocks replace the snapshot's for every
 //! worker the dump names; the others keep the snapshot's). A dump that
-//! fails is dropped with this staging: nothing of it was ever visible.
+//! fails is dropped with this staging: nothing of it was ever visible,
+//! not even in the counters, which are added to the registry's on `keep`.
+//!
+//! A snapshot's staging refuses the whole file once `--max-pairs` sheds a
+//! store (`refusing_shed`): which blocks a cap sheds is arbitrary, so the
+//! daemon rather starts without it than from an arbitrary part of it.
 //!
 //! Memory: the fresh indexes are the state the daemon keeps, built once;
 //! nothing of the dump is held besides them but the stores that wait for
 //! their parents (`index::Loader`, none for a dump of ours), bounded by
 //! `--max-pairs`. Over a snapshot the old and fresh indexes live side by
-//! side until the swap; both count against `--max-pairs`.
+//! side until the swap; both count against `--max-pairs`. A snapshot is
+//! staged at startup, into an empty registry: the fresh indexes are the
+//! only copy.
 
 use crate::dump::DumpSink;
-use crate::event::WorkerId;
-use crate::index::{Index, Loaded, Loader};
+use crate::event::{Event, WorkerId};
+use crate::index::{ApplyOutcome, Index, Loaded, Loader};
 use crate::registry::event_status::ApplyCounters;
 use crate::registry::{Registry, INDEXES_MAX, NAME_BYTES_MAX};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -42,7 +50,7 @@ pub struct Kept {
     pub replaced_workers: usize,
 }
 
-/// A peer's dump being staged (see the module doc).
+/// A dump being staged (see the module doc).
 pub struct Staging<'r> {
     registry: &'r Registry,
     staged: Vec<Staged>,
@@ -53,10 +61,14 @@ pub struct Staging<'r> {
     waiting_max: u64,
     /// Staged indexes the registry does not have yet.
     new_indexes: usize,
+    /// Who stages, for log lines: "recovery", "snapshot".
+    who: &'static str,
+    /// A store the shared cap sheds fails the whole dump.
+    refuse_shed: bool,
 }
 
 impl<'r> Staging<'r> {
-    pub fn new(registry: &'r Registry) -> Staging<'r> {
+    pub fn new(registry: &'r Registry, who: &'static str) -> Staging<'r> {
         Staging {
             registry,
             staged: Vec::new(),
@@ -65,17 +77,36 @@ impl<'r> Staging<'r> {
             counters: ApplyCounters::default(),
             waiting_max: registry.budget.pairs_max().unwrap_or(u64::MAX),
             new_indexes: 0,
+            who,
+            refuse_shed: false,
         }
+    }
+
+    /// The same staging, failing as soon as `--max-pairs` sheds a store.
+    pub fn refusing_shed(self) -> Staging<'r> {
+        Staging { refuse_shed: true, ..self }
+    }
+
+    fn shed_error(&self) -> String {
+        let max = self.registry.budget.pairs_max().unwrap_or(u64::MAX);
+        format!("it holds more (block, worker) pairs than --max-pairs {max} allows")
     }
 
     /// Puts every staged index in place of the registry's (see the module
     /// doc); with `over_snapshot`, the old index's workers the dump does
-    /// not name are copied in first.
-    pub fn keep(self, over_snapshot: bool) -> Kept {
+    /// not name are copied in first. Refusing shed stores, every index is
+    /// completed before any is put in place, and a shed one fails them all.
+    pub fn keep(self, over_snapshot: bool) -> Result<Kept, String> {
+        let shed_error = self.shed_error();
         let mut kept = Kept::default();
-        let Staging { registry, staged, counters, .. } = self;
+        let Staging { registry, staged, counters, refuse_shed, who, .. } = self;
+        let mut complete = Vec::new();
         for mut s in staged {
-            let mut seen = |e: &crate::event::Event, o: &crate::index::ApplyOutcome| counters.add(&e.kind, o);
+            let mut shed = 0u64;
+            let mut seen = |e: &Event, o: &ApplyOutcome| {
+                counters.add(&e.kind, o);
+                shed += u64::from(o.shed);
+            };
             if over_snapshot {
                 if let Some(old) = registry.index(&s.model_name, &s.tenant_id).map(|h| h.index_arc()) {
                     kept.replaced_workers += old.workers().iter().filter(|w| s.named.contains(w)).count();
@@ -92,21 +123,39 @@ impl<'r> Staging<'r> {
                 }
             }
             let loaded = s.loader.finish(&s.index, &mut seen);
-            match registry.install_index(&s.model_name, &s.tenant_id, s.index) {
-                Ok(()) => {
-                    kept.indexes += 1;
-                    kept.loaded.events += loaded.events;
-                    kept.loaded.blocks_stored += loaded.blocks_stored;
-                    kept.loaded.blocks_refused += loaded.blocks_refused;
-                    kept.loaded.orphans += loaded.orphans;
-                }
-                Err(e) => {
-                    crate::warn!("recovery: skipping model={:?} tenant={:?}: {e}", s.model_name, s.tenant_id)
-                }
+            if refuse_shed && shed > 0 {
+                return Err(shed_error);
+            }
+            let done = (s.model_name, s.tenant_id, s.index, loaded);
+            match refuse_shed {
+                true => complete.push(done),
+                false => install(registry, who, done, &mut kept),
             }
         }
+        for done in complete {
+            install(registry, who, done, &mut kept);
+        }
         registry.counters.add_all(&counters);
-        kept
+        Ok(kept)
+    }
+}
+
+/// Puts one completed index in place.
+fn install(
+    registry: &Registry,
+    who: &str,
+    (model, tenant, index, loaded): (String, String, Index, Loaded),
+    kept: &mut Kept,
+) {
+    match registry.install_index(&model, &tenant, index) {
+        Ok(()) => {
+            kept.indexes += 1;
+            kept.loaded.events += loaded.events;
+            kept.loaded.blocks_stored += loaded.blocks_stored;
+            kept.loaded.blocks_refused += loaded.blocks_refused;
+            kept.loaded.orphans += loaded.orphans;
+        }
+        Err(e) => crate::warn!("{who}: skipping model={model:?} tenant={tenant:?}: {e}"),
     }
 }
 
@@ -132,7 +181,7 @@ impl DumpSink for Staging<'_> {
             None
         };
         if let Some(why) = why {
-            crate::warn!("recovery: skipping model={model_name:?} tenant={tenant_id:?} of the dump: {why}");
+            crate::warn!("{}: skipping model={model_name:?} tenant={tenant_id:?} of the dump: {why}", self.who);
             return Ok(());
         }
         self.new_indexes += usize::from(existing.is_none());
@@ -152,7 +201,15 @@ impl DumpSink for Staging<'_> {
         let Some(s) = self.current.map(|i| &mut self.staged[i]) else { return Ok(()) };
         s.named.insert(event.event.worker);
         let counters = &self.counters;
-        let mut seen = |e: &crate::event::Event, o: &crate::index::ApplyOutcome| counters.add(&e.kind, o);
-        s.loader.push(&s.index, event, &mut seen).map_err(|e| format!("{e} (--max-pairs)"))
+        let mut shed = 0u32;
+        let mut seen = |e: &Event, o: &ApplyOutcome| {
+            counters.add(&e.kind, o);
+            shed |= o.shed;
+        };
+        s.loader.push(&s.index, event, &mut seen).map_err(|e| format!("{e} (--max-pairs)"))?;
+        if self.refuse_shed && shed > 0 {
+            return Err(self.shed_error());
+        }
+        Ok(())
     }
 }
