@@ -92,7 +92,7 @@ const FILLED_DIGESTS_MAX: usize = 1024;
 impl Filled {
     /// The digest the fill applied at `seq`, if kept.
     fn digest(&self, seq: u64) -> Option<u64> {
-        let first = self.hi + 1 - self.digests.len() as u64;
+        let first = self.hi.wrapping_add(1).wrapping_sub(self.digests.len() as u64);
         let i = seq.checked_sub(first)?;
         self.digests.get(usize::try_from(i).ok()?).copied()
     }
@@ -229,7 +229,7 @@ impl Sequencer {
             return true;
         }
         f.lo = f.lo.max((seq + 1).saturating_sub(RECENT_BATCHES as u64));
-        let first = f.hi + 1 - f.digests.len() as u64;
+        let first = f.hi.wrapping_add(1).wrapping_sub(f.digests.len() as u64);
         let stale = f.lo.saturating_sub(first).min(f.digests.len() as u64);
         f.digests.drain(..stale as usize);
         true
@@ -250,7 +250,7 @@ impl Sequencer {
         self.accept(seq, Some(digest));
         let mut f = match self.filled.take().filter(|f| f.conn == conn) {
             Some(mut f) => {
-                if seq != f.hi + 1 {
+                if seq != f.hi.wrapping_add(1) {
                     // Seqs given up between: their digests are not known.
                     f.digests.clear();
                 }
@@ -467,6 +467,17 @@ mod tests {
         s.reset();
         assert!(!s.take_filled_copy(0, 1, 0));
         assert_eq!(s.judge_live(0, SAME, 0), Verdict::Apply);
+    }
+
+    #[test]
+    fn a_fill_that_reaches_the_top_seq_does_not_overflow() {
+        let mut s = Sequencer::new(Some(Watermark { seq: u64::MAX - 3, digest: Some(1) }));
+        for seq in u64::MAX - 2..=u64::MAX {
+            s.accept_filled(u64::MAX - 3, seq, seq ^ 7, 1);
+        }
+        assert!(!s.take_filled_copy(u64::MAX - 1, 1, 5), "another batch of that seq");
+        assert!(s.take_filled_copy(u64::MAX - 2, 1, (u64::MAX - 2) ^ 7));
+        assert!(s.take_filled_copy(u64::MAX, 1, u64::MAX ^ 7));
     }
 
     #[test]
