@@ -6,7 +6,8 @@
 //! each read out a worker at a time as the file is written
 //! (`dump::stream`, as `/dump` reads them: each worker's blocks at one
 //! instant, after the drain). The indexes may then be a little ahead of
-//! the watermarks, never behind. A worker's shard waits only while that
+//! the watermarks, never behind, but for a stream that starts over in
+//! between (docs/limits.md, "Known corners"). A worker's shard waits only while that
 //! worker is read; queries do not wait at all.
 
 use super::SavedRegistration;

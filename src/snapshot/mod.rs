@@ -18,7 +18,10 @@
 //! what was queued, then the indexes are read out. So the indexes reflect
 //! at least every batch up to each watermark, possibly a few more;
 //! replaying those again at startup is harmless (stores and removes are
-//! idempotent). The reverse order could lose batches for good.
+//! idempotent). The reverse order could lose batches for good. Except
+//! for a stream that starts over (clears its worker and refills it) in
+//! between: its old watermark is saved with the refill's partial state
+//! (docs/limits.md, "Known corners").
 //!
 //! Memory: both ways stream. A save reads the indexes out a worker at a
 //! time into the file through a fixed buffer; a load reads the header and
