@@ -99,6 +99,31 @@ fn a_fill_cut_short_by_a_new_process_leaves_nothing_of_the_old_one() {
 }
 
 #[test]
+fn batches_sent_before_the_subscription_took_are_read_from_the_ring_once_the_engine_is_quiet() {
+    let worker = WorkerId::new(65, 0);
+    let (ingest, sink) = start();
+    let mut publisher = TestPublisher::new(PublisherConfig { seed: 65, ..PublisherConfig::default() });
+    publisher.publish_random(3);
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(wait_until(|| ingest.counters().batches_filled == 3));
+    // What a PUB socket does with batches sent before our subscription
+    // reaches it: they never arrive. The engine then goes quiet, so no
+    // later batch shows them missing; its ring has them.
+    publisher.lose_next(5);
+    publisher.publish_random(5);
+    assert_converges(&sink, worker, &publisher);
+    let c = ingest.counters();
+    assert_eq!((c.ring_fills, c.batches_filled, c.batches_lost, c.resyncs, c.gaps_detected), (1, 8, 0, 0, 0));
+    assert!(c.late_join_reads >= 1, "{c:?}");
+    // A live batch shows the subscription took: the reads stop.
+    publisher.publish_random(1);
+    settle(&ingest, worker, &publisher);
+    let reads = ingest.counters().late_join_reads;
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    assert_eq!(ingest.counters().late_join_reads, reads, "read again after a live batch came");
+}
+
+#[test]
 fn a_ring_that_starts_later_than_asked_fills_what_it_holds_and_nothing_stale() {
     let worker = WorkerId::new(62, 0);
     let (ingest, sink) = start();

@@ -23,6 +23,13 @@ pub const REPLAY_RETRIES_MAX: u32 = 32;
 pub const REPLAY_SPAN_TIMEOUTS: u32 = 8;
 /// A replay whose replies stop for this long short of its range asks again.
 pub const REPLAY_IDLE_MS: u64 = 200;
+/// Pauses before reading the ring again after a fill that no live batch of
+/// its connection followed: the first from the fill's end, each next from
+/// the read before. A PUB socket drops what it sends before our
+/// subscription reaches it, and an engine that then goes quiet sends
+/// nothing that would show those batches missing; its ring has them.
+/// A live batch of the connection ends the reads (later losses show as gaps).
+pub const LATE_JOIN_READS_MS: [u64; 3] = [250, 1_000, 4_000];
 /// Most control messages (add/remove listener) queued per listener thread.
 pub const CONTROL_QUEUE_MAX: usize = 1_024;
 /// Largest block size a listener accepts, in tokens.

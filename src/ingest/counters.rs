@@ -71,7 +71,9 @@ counters! {
     /// Ring fills asked for: a listener connected (or its stream was reset)
     /// and asked its engine's ring for everything past its watermark.
     ring_fills,
-    /// Batches recovered by ring fills and applied.
+    /// Ring reads after a fill that no live batch followed (`LATE_JOIN_READS_MS`).
+    late_join_reads,
+    /// Batches recovered by ring fills (and the reads after them) and applied.
     batches_filled,
     /// Listeners whose workers were cleared because their publisher stayed
     /// unreachable for `engine_gone_ms` (once per outage).

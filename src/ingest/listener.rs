@@ -218,6 +218,8 @@ struct Round {
     hot: Vec<u64>,
     /// Listeners asking their ring: their replies, and deadlines.
     replaying: Vec<u64>,
+    /// Listeners with a ring read due after a quiet fill (`Stream::late_due`).
+    late: Vec<u64>,
     gone: Deadlines,
     ready: Vec<u64>,
     /// Listeners whose watermark may have moved since the last `flush`.
@@ -235,6 +237,9 @@ impl Round {
         self.gone.arm(l.id.0, &mut l.reach);
         if l.stream.asking() && !self.replaying.contains(&l.id.0) {
             self.replaying.push(l.id.0);
+        }
+        if l.stream.late_due().is_some() && !self.late.contains(&l.id.0) {
+            self.late.push(l.id.0);
         }
         if l.next_attempt().is_some() && !self.waiting.contains(&l.id.0) {
             self.waiting.push(l.id.0);
@@ -278,6 +283,7 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
         // So do an unreachable publisher's deadline and the next attempt.
         let timeout = r.gone.bound(timeout, now);
         let timeout = bound(timeout, r.waiting.iter().filter_map(|id| ls.get(id)?.next_attempt()).min(), now);
+        let timeout = bound(timeout, r.late.iter().filter_map(|id| ls.get(id)?.stream.late_due()).min(), now);
         if let Err(e) = poller.wait(timeout, &t.bell, &mut r.ready) {
             // Nothing was read. Pause so a lasting error cannot spin the thread.
             crate::error!("waiting on engine sockets failed: {e}");
@@ -293,6 +299,20 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             r.gone.arm(*id, &mut l.reach);
             l.stream.asking()
         });
+        let mut late = std::mem::take(&mut r.late);
+        late.retain(|id| {
+            let Some(l) = ls.get_mut(id) else { return false };
+            if l.stream.late_due().is_some_and(|due| now >= due) {
+                l.drive(&t, now, |s, cx, p| s.tick(cx, p));
+                r.touched.push(*id);
+                r.gone.arm(*id, &mut l.reach);
+                if l.stream.asking() && !r.replaying.contains(id) {
+                    r.replaying.push(*id);
+                }
+            }
+            l.stream.late_due().is_some()
+        });
+        r.late = late;
         attempt(&t, &poller, &mut ls, &mut r);
         clear_gone(&t, &mut ls, &mut r.gone, &mut r.touched);
     }

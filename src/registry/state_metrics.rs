@@ -70,7 +70,7 @@ fn render_indexes(p: &mut Prom, registry: &Registry, indexes: &[Arc<IndexHandle>
 /// The ingest pipeline's counters, skips, queue depths and held batches.
 fn render_ingest(p: &mut Prom, registry: &Registry) {
     let ic = registry.ingest().counters();
-    let counters: [(&str, &str, u64); 25] = [
+    let counters: [(&str, &str, u64); 26] = [
         ("batches_received", "Well-formed batches received.", ic.batches_received),
         ("batches_applied", "Batches applied (live and replayed).", ic.batches_applied),
         // Not `events_applied`: that family counts what the indexes applied, by type.
@@ -87,6 +87,11 @@ fn render_ingest(p: &mut Prom, registry: &Registry) {
         ("batches_lost", "Batches lost and not recovered.", ic.batches_lost),
         ("batches_missed_at_join", "Batches missed before a listener's first.", ic.batches_missed_at_join),
         ("ring_fills", "Ring fills asked for when a listener connected.", ic.ring_fills),
+        (
+            "late_join_reads",
+            "Ring reads after a fill no live batch followed (batches sent before the subscription took).",
+            ic.late_join_reads,
+        ),
         ("batches_filled", "Batches recovered by ring fills.", ic.batches_filled),
         ("engine_gone_clears", "Workers cleared after their engine stayed unreachable.", ic.engine_gone_clears),
         ("restarts", "Engine restarts detected (worker cleared).", ic.restarts),

@@ -66,6 +66,9 @@ pub(crate) struct Ask {
     /// A gap's replay that became a fill when its first answer started
     /// the stream: its outcome is counted as a replay's.
     pub from_replay: bool,
+    /// A fill that reads the ring again after a fill no live batch
+    /// followed: which of `LATE_JOIN_READS_MS` it is.
+    pub late_read: Option<usize>,
 }
 
 impl Ask {
@@ -89,6 +92,7 @@ impl Ask {
             rolled: None,
             reach: None,
             from_replay: false,
+            late_read: None,
         }
     }
 

@@ -49,6 +49,7 @@
 //! | `Filling` | the ring is another process's, or rolled past the watermark | `Filling` from 0, workers cleared, older held batches dropped |
 //! | `Replaying` | the ring is another process's, or rolled | `Live`, the gap given up (a resync) |
 //! | `Filling`, `Replaying` | done, silent, overflowed, or waited out | `Live`, held batches judged in order |
+//! | `Live` | a pause of `LATE_JOIN_READS_MS` after a fill its connection sent nothing live since | `Filling` from the watermark |
 //! | any | unreachable for `engine_gone_ms` | `Gone`: workers cleared, stream forgotten, held dropped |
 //! | any | the gate opens | workers cleared again if `Gone` came while it was closed |
 //!
@@ -65,6 +66,18 @@
 //! it ends at `REPLAY_SPAN_TIMEOUTS` replay timeouts from when the first of
 //! them began waiting, but never before one timeout of its own, and at once
 //! if the held batches overflowed.
+//!
+//! # A late subscription
+//!
+//! A PUB socket drops what it sends before our subscription reaches it,
+//! and the listener cannot see when that is. Batches the engine sent in
+//! that window after the fill read its ring show up as a gap at the next
+//! live batch; an engine that goes quiet first sends none. So while a
+//! connection has delivered nothing live since its fill, the ring is read
+//! again (a fill from the watermark, checked the same way) after each
+//! pause of `LATE_JOIN_READS_MS`; the first live batch of the connection
+//! ends that. An engine quiet past the last pause with a subscription
+//! still not through is the corner left (docs/limits.md).
 
 mod ask;
 mod held;
@@ -142,6 +155,16 @@ pub(crate) enum Phase {
     Gone,
 }
 
+/// A ring read due after a fill that no live batch of its connection
+/// followed (see "A late subscription" in the module doc).
+#[derive(Copy, Clone, Debug)]
+struct LateRead {
+    conn: u32,
+    due: Instant,
+    /// Which of `LATE_JOIN_READS_MS`.
+    round: usize,
+}
+
 /// A range of connections, by number.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 struct Conns {
@@ -189,6 +212,9 @@ pub(crate) struct Stream {
     latest: u32,
     /// Whether `latest` is up.
     up: bool,
+    /// The newest connection a live batch came on (0: none).
+    live_conn: u32,
+    late: Option<LateRead>,
     phase: Phase,
     held: Held,
     /// Dp ranks this stream has named (the registered one first): the
@@ -227,6 +253,8 @@ impl Stream {
             proven: None,
             latest: 0,
             up: false,
+            live_conn: 0,
+            late: None,
             held: Held::default(),
             ranks,
             clear_at_gate: false,
@@ -268,6 +296,7 @@ impl Stream {
         debug_assert!(conn > self.latest, "connections are numbered in order");
         self.latest = conn;
         self.up = true;
+        self.late = None;
         if self.ring.is_some() {
             // Whatever a running ask gets now may be another process's.
             if let Phase::Replaying(_) = self.take_ask(cx, port) {
@@ -285,6 +314,7 @@ impl Stream {
     /// process's (the ring's port may be taken by the next one first).
     pub(crate) fn disconnected(&mut self, cx: &Cx, port: &mut dyn Port) {
         self.up = false;
+        self.late = None;
         if self.ring.is_some() && self.asking() {
             if let Phase::Replaying(_) = self.take_ask(cx, port) {
                 cx.bump(&cx.counters.replays_failed, 1);
@@ -309,6 +339,7 @@ impl Stream {
             cx.bump(&cx.counters.replays_failed, 1);
         }
         self.held.clear(cx.held);
+        self.late = None;
         self.clear_workers(port);
         self.seq.reset();
         // Every connection so far reached the engine that is gone.
@@ -325,6 +356,11 @@ impl Stream {
 
     /// A live batch, with the connection it came on.
     pub(crate) fn live(&mut self, cx: &Cx, port: &mut dyn Port, batch: Batch) {
+        // The connection's subscription took: a batch it missed shows as a gap.
+        self.live_conn = self.live_conn.max(batch.conn);
+        if self.late.is_some_and(|late| batch.conn >= late.conn) {
+            self.late = None;
+        }
         // A fill due asks before this batch is judged, so the batch bounds it.
         self.advance(cx, port);
         if self.asking() || !cx.gate_open || !self.held.is_empty() {
@@ -380,8 +416,17 @@ impl Stream {
         }
     }
 
-    /// Time passed: a running ask may have run out (see the module doc).
+    /// When a ring read after a quiet fill is due, if one is (`tick` does it).
+    pub(crate) fn late_due(&self) -> Option<Instant> {
+        self.late.map(|late| late.due)
+    }
+
+    /// Time passed: a ring read may be due, a running ask may have run out
+    /// (see the module doc).
     pub(crate) fn tick(&mut self, cx: &Cx, port: &mut dyn Port) {
+        if self.late.is_some_and(|late| cx.now >= late.due) {
+            self.late_read(cx, port);
+        }
         let Some(ask) = self.ask() else { return };
         let (now, timeout) = (cx.now, cx.timeout());
         let waited_out = |since: Instant| now >= (since + timeout * REPLAY_SPAN_TIMEOUTS).max(ask.started + timeout);
@@ -431,7 +476,7 @@ impl Stream {
         loop {
             match self.phase {
                 Phase::FillDue if self.up => {
-                    self.start_fill(cx, port);
+                    self.start_fill(cx, port, None);
                     return;
                 }
                 // Bounded by the held queue: each round takes one batch out,

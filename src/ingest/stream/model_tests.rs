@@ -518,7 +518,7 @@ impl Run {
                     self.deliver_live();
                 } else if !self.world.replies.is_empty() {
                     self.deliver_reply();
-                } else if self.stream.asking() {
+                } else if self.stream.asking() || self.stream.late_due().is_some() {
                     self.world.now_ms += 50;
                     self.input(|s, cx, p| s.tick(cx, p));
                 } else {

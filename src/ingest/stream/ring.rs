@@ -7,9 +7,9 @@
 use std::sync::atomic::Ordering;
 
 use super::ask::Ask;
-use super::{Conns, Cx, Phase, Port, Source, Stream};
+use super::{Conns, Cx, LateRead, Phase, Port, Source, Stream};
 use crate::ingest::budget::HELD_SHARE;
-use crate::ingest::config::REPLAY_RETRIES_MAX;
+use crate::ingest::config::{LATE_JOIN_READS_MS, REPLAY_RETRIES_MAX};
 use crate::ingest::decode::Batch;
 use crate::ingest::sequencer::Verdict;
 
@@ -43,7 +43,8 @@ impl Stream {
 
     /// Asks the ring for everything past the watermark (`Filling`); stays
     /// `FillDue` if the request cannot be made (asked again at the next input).
-    pub(super) fn start_fill(&mut self, cx: &Cx, port: &mut dyn Port) {
+    /// `late_read`: a read after a quiet fill (see `late_read`), which.
+    pub(super) fn start_fill(&mut self, cx: &Cx, port: &mut dyn Port, late_read: Option<usize>) {
         let Some(ring) = self.ring.clone() else {
             self.phase = Phase::Live;
             return;
@@ -74,18 +75,53 @@ impl Stream {
         let from = verify.map_or(0, |w| w.seq);
         match port.ask(from) {
             Ok(()) => {
-                cx.bump(&cx.counters.ring_fills, 1);
+                cx.bump(if late_read.is_some() { &cx.counters.late_join_reads } else { &cx.counters.ring_fills }, 1);
                 crate::debug!("asked {ring} for its ring from batch {from}");
                 if !self.held.is_empty() {
                     self.held.waiting_since.get_or_insert(cx.now);
                 }
-                self.phase = Phase::Filling(Ask::new(self.latest, verify, to, cx.now));
+                let mut ask = Ask::new(self.latest, verify, to, cx.now);
+                ask.late_read = late_read;
+                self.phase = Phase::Filling(ask);
             }
             Err(e) => {
                 cx.shared.set_error(e.clone());
                 self.log.warn(|| e);
             }
         }
+    }
+
+    /// A fill's connection delivered no live batch by the fill's end: what
+    /// the engine sent before our subscription reached its PUB socket was
+    /// dropped there, and if it then went quiet nothing live shows it
+    /// missing. Reads the ring again after each of `LATE_JOIN_READS_MS`
+    /// (from the watermark, checked as a fill's first answer is) until a
+    /// live batch of the connection comes.
+    pub(super) fn late_join_due(&mut self, cx: &Cx, ask: &Ask) {
+        let round = ask.late_read.map_or(0, |r| r + 1);
+        let quiet = self.live_conn < ask.conn && ask.conn == self.latest && self.up;
+        // A ring that did not answer is not read again for this.
+        let answered = ask.replies > 0 && !ask.overflowed;
+        self.late = match LATE_JOIN_READS_MS.get(round) {
+            Some(&ms) if quiet && answered => {
+                Some(LateRead { conn: ask.conn, due: cx.now + std::time::Duration::from_millis(ms), round })
+            }
+            _ => None,
+        };
+    }
+
+    /// A read after a quiet fill is due: a fill from the watermark, if the
+    /// stream is live on that connection with nothing held, and has a
+    /// batch to check the ring's answer by.
+    pub(super) fn late_read(&mut self, cx: &Cx, port: &mut dyn Port) {
+        let Some(late) = self.late.take() else { return };
+        let live = matches!(self.phase, Phase::Live) && self.held.is_empty();
+        let checkable = self.seq.last().is_none() || self.seq.anchor().is_some();
+        if !(live && self.up && cx.gate_open && late.conn == self.latest && checkable) {
+            return;
+        }
+        self.phase = Phase::FillDue;
+        self.start_fill(cx, port, Some(late.round));
     }
 
     /// Asks the ring for the batches up to `to` (`Replaying`), from the
@@ -421,6 +457,7 @@ impl Stream {
                     count_replay_outcome(cx, &ask, missing);
                 }
                 self.fill_done(cx, &ask);
+                self.late_join_due(cx, &ask);
                 // Only a ring that never answered leaves the process untold:
                 // a fill ended by overflow or its reply budget judges the
                 // held batches by the live rules, as a gap then asks again.
@@ -475,7 +512,17 @@ impl Stream {
             if ask.missing > 0 { format!("; {} batches were no longer there", ask.missing) } else { String::new() };
         let late = if ask.silent(cx.now, cx.timeout()) { "; timed out" } else { "" };
         let ring = self.ring.as_deref().unwrap_or("");
-        crate::info!("listener {}: filled {got} from its ring {ring}, asked for {asked}{lost}{late}", cx.shared.label);
+        let label = &cx.shared.label;
+        match ask.late_read {
+            None => crate::info!("listener {label}: filled {got} from its ring {ring}, asked for {asked}{lost}{late}"),
+            Some(_) if ask.applied == 0 => {
+                crate::debug!("listener {label}: read its ring {ring} again after a quiet fill: nothing new")
+            }
+            Some(_) => crate::info!(
+                "listener {label}: read its ring {ring} again after a quiet fill: filled {got}, sent before our \
+                 subscription took{lost}{late}"
+            ),
+        }
     }
 
     /// Counts and logs a gap's replay.

@@ -181,3 +181,57 @@ fn live_copies_a_proxy_swapped_far_behind_a_fill_are_duplicates() {
     let c = run.counters();
     assert_eq!((c.restarts, c.duplicates_dropped), (0, 80), "{c:?}\n{}", run.trace());
 }
+
+#[test]
+fn batches_sent_before_the_subscription_took_are_read_from_the_ring_once_quiet() {
+    let mut run = Run::new(RING);
+    // The fill asked on connecting takes 0 and 1. The engine then sends
+    // three more before our subscription reaches its PUB socket (dropped
+    // there) and goes quiet: nothing live ever shows them missing.
+    steps(&mut run, &[Step::Reply, Step::Reply, Step::Reply]);
+    assert!(!run.stream.asking(), "the fill has ended");
+    for _ in 2..5 {
+        run.step(Step::Lost);
+    }
+    run.pass(RING_TIMEOUT_MS);
+    assert_eq!(run.counters().batches_filled, 2, "read again too soon");
+    // With nothing published while it settles, only the read after the
+    // quiet fill can bring them.
+    // The first read brings them; nothing live comes after it either, so
+    // every read is made.
+    run.settle_rounds(1);
+    run.exact().unwrap();
+    let c = run.counters();
+    let reads = crate::ingest::config::LATE_JOIN_READS_MS.len() as u64;
+    assert_eq!((c.ring_fills, c.late_join_reads, c.batches_filled), (1, reads, 5), "{c:?}\n{}", run.trace());
+    assert_eq!((c.resyncs, c.restarts, c.batches_lost), (0, 0, 0), "{c:?}");
+}
+
+#[test]
+fn a_live_batch_after_the_fill_ends_the_reads_of_a_quiet_ring() {
+    let mut run = Run::new(RING);
+    steps(&mut run, &[Step::Reply, Step::Reply, Step::Reply, Step::Pub, Step::Live]);
+    assert_eq!(run.stream.late_due(), None, "the subscription took: a later loss shows as a gap");
+    run.settle_rounds(1);
+    run.exact().unwrap();
+    assert_eq!(run.counters().late_join_reads, 0);
+}
+
+#[test]
+fn a_quiet_ring_is_read_again_a_bounded_number_of_times() {
+    let mut run = Run::new(RING);
+    steps(&mut run, &[Step::Reply, Step::Reply, Step::Reply]);
+    // Nothing is ever published again: each read finds nothing new, and
+    // the reads stop after the last pause.
+    for _ in 0..200 {
+        run.pass(RING_TIMEOUT_MS);
+        while run.stream.asking() {
+            run.step(Step::Reply);
+        }
+    }
+    assert_eq!(run.stream.late_due(), None);
+    let c = run.counters();
+    let reads = crate::ingest::config::LATE_JOIN_READS_MS.len() as u64;
+    assert_eq!((c.ring_fills, c.late_join_reads, c.batches_filled), (1, reads, 2), "{c:?}");
+    run.check().unwrap();
+}
