@@ -45,6 +45,8 @@ pub struct DumpStream {
     entries: u64,
     event_id: u64,
     compact: binary::Writer,
+    /// Compact only: the watermarks record that ends a format-2 dump.
+    watermarks: Option<Vec<binary::PeerWatermark>>,
     piece_bytes: usize,
 }
 
@@ -59,8 +61,15 @@ impl DumpStream {
             entries: 0,
             event_id: 0,
             compact: binary::Writer::default(),
+            watermarks: None,
             piece_bytes: PIECE_BYTES,
         }
+    }
+
+    /// A compact dump of format 2, whose watermarks record (read before
+    /// the indexes, see `binary`) comes last.
+    pub fn with_watermarks(sources: Vec<Source>, marks: Vec<binary::PeerWatermark>) -> DumpStream {
+        DumpStream { watermarks: Some(marks), ..DumpStream::new(Format::Compact, sources) }
     }
 
     /// The same stream in pieces of `bytes` (tests cut a small dump into many).
@@ -80,6 +89,7 @@ impl DumpStream {
             self.started = true;
             match self.format {
                 Format::Json => out.push(b'{'),
+                Format::Compact if self.watermarks.is_some() => self.compact.start_with_watermarks(out),
                 Format::Compact => self.compact.start(out),
             }
         }
@@ -112,7 +122,12 @@ impl DumpStream {
             let Some(next) = self.sources.next() else {
                 match self.format {
                     Format::Json => out.push(b'}'),
-                    Format::Compact => self.compact.end(out),
+                    Format::Compact => {
+                        if let Some(marks) = self.watermarks.take() {
+                            self.compact.watermarks(out, &marks);
+                        }
+                        self.compact.end(out)
+                    }
                 }
                 self.done = true;
                 return true;

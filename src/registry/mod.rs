@@ -15,6 +15,7 @@ mod limits_tests;
 pub mod readiness;
 pub mod state_metrics;
 mod swap;
+pub mod watermarks;
 
 pub use swap::IndexRef;
 
