@@ -136,6 +136,11 @@ fn a_replica_s_fill_applies_only_the_batches_newer_than_its_peer_s_watermark() {
     }
     engines.iter().for_each(Engine::quiesce);
     relays.iter().for_each(|r| r.blackhole(false));
+    for e in &engines {
+        // The peer's subscription and now the replica's: what is published
+        // from here reaches both live.
+        assert!(e.proxies[0].wait_subscribed(2), "the replica never subscribed to engine {}", e.instance);
+    }
     let last = Some((BEFORE + AWAY) as u64);
     let caught_up = || last_seqs(&b).values().all(|&s| s == last);
     assert!(wait_until(caught_up), "the replica never caught up: {:?}", last_seqs(&b));

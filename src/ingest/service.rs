@@ -422,12 +422,13 @@ impl Ingest {
         {
             let reg = self.registry.lock();
             for (tag, m) in marks.iter().enumerate() {
-                let Some(e) = reg.by_worker.get(&m.worker).and_then(|id| reg.listeners.get(id)) else { continue };
+                let Some((&id, e)) = reg.by_worker.get(&m.worker).and_then(|id| reg.listeners.get_key_value(id)) else {
+                    continue;
+                };
                 if e.spec.endpoint != m.endpoint {
                     out[tag] = Adoption::OtherEndpoint(e.spec.endpoint.clone());
                     continue;
                 }
-                let id = reg.by_worker[&m.worker];
                 let msg = Control::Adopt { id, kept: m.watermark, ranks: m.ranks.clone(), tag, done: done_tx.clone() };
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if self.listener_txs[e.thread].send_timeout(msg, left).is_err() {
