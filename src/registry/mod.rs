@@ -16,6 +16,7 @@ pub mod readiness;
 pub mod staging;
 pub mod state_metrics;
 mod swap;
+pub mod watermarks;
 
 pub use swap::IndexRef;
 

@@ -235,3 +235,65 @@ fn a_quiet_ring_is_read_again_a_bounded_number_of_times() {
     assert_eq!((c.ring_fills, c.late_join_reads, c.batches_filled), (1, reads, 2), "{c:?}");
     run.check().unwrap();
 }
+
+#[test]
+fn a_peer_s_watermark_adopted_while_held_batches_wait_fills_only_what_is_newer() {
+    // The gate closed, batches 2 and 3 held; a peer that applied up to 3
+    // gives its dump and the stream takes its watermark. Then 4 and 5 are
+    // published and lost: only the ring has them.
+    let mut run = Run::new(Start { gate_open: false, ..RING });
+    for _ in 2..4 {
+        steps(&mut run, &[Step::Pub, Step::Live]);
+    }
+    run.adopt_peer(1, 3).unwrap();
+    assert_eq!(run.stream.watermark().map(|w| w.seq), Some(3));
+    steps(&mut run, &[Step::Lost, Step::Lost, Step::Gate]);
+    // The fill asks from 3: the ring's 3 proves the process, 4 and 5 apply.
+    while run.stream.asking() {
+        run.step(Step::Reply);
+    }
+    run.exact().unwrap();
+    let c = run.counters();
+    assert_eq!((c.ring_fills, c.batches_filled), (1, 2), "{c:?}\n{}", run.trace());
+    // The held 2 and 3 are copies of what the peer applied, not a restart.
+    assert_eq!((c.restarts, c.resyncs, c.duplicates_dropped), (0, 0, 2), "{c:?}\n{}", run.trace());
+    run.settle();
+    run.check().unwrap();
+    run.exact().unwrap();
+}
+
+#[test]
+fn a_peer_s_watermark_of_a_process_since_restarted_is_proven_wrong_by_the_ring() {
+    // The peer applied process 1 up to 3; process 2 has since taken the
+    // endpoint and sent 0 and 1, held.
+    let mut run = Run::new(Start { gate_open: false, ..RING });
+    for _ in 2..4 {
+        steps(&mut run, &[Step::Pub, Step::Live]);
+    }
+    run.step(Step::Restart);
+    for _ in 0..2 {
+        steps(&mut run, &[Step::Pub, Step::Live]);
+    }
+    run.adopt_peer(1, 3).unwrap();
+    // The ring holds nothing from 3: another process. Its blocks are
+    // cleared and the fill starts from 0.
+    run.settle();
+    run.check().unwrap();
+    run.exact().unwrap();
+    let c = run.counters();
+    assert_eq!(c.restarts, 1, "{c:?}\n{}", run.trace());
+}
+
+#[test]
+fn a_stream_that_dealt_with_batches_keeps_its_own_watermark() {
+    let mut run = Run::new(RING);
+    steps(&mut run, &[Step::Reply, Step::Reply, Step::Reply]);
+    assert_eq!(run.stream.watermark().map(|w| w.seq), Some(1));
+    assert!(run.adopt_peer(1, 1).is_err(), "its own state is newer than any peer's");
+    // A fresh one with the gate closed takes it, over a snapshot's too.
+    let mut seeded = Run::new(Start { gate_open: false, seeded: true, ..RING });
+    seeded.adopt_peer(1, 1).unwrap();
+    seeded.settle();
+    seeded.check().unwrap();
+    seeded.exact().unwrap();
+}
