@@ -124,6 +124,27 @@ fn batches_sent_before_the_subscription_took_are_read_from_the_ring_once_the_eng
 }
 
 #[test]
+fn a_fill_that_ended_on_its_deadline_is_read_again_once_quiet() {
+    // The ring answers its first batch and stalls (no end marker): the fill
+    // ends on a deadline, in the listener's round of running asks, and its
+    // late read must still come though nothing else wakes the listener.
+    let worker = WorkerId::new(66, 0);
+    let cfg = IngestConfig { replay_timeout_ms: 300, ..test_config() };
+    let (ingest, sink) = (Ingest::start(cfg).unwrap(), Arc::new(ModelSink::new()));
+    let mut publisher = TestPublisher::new(PublisherConfig { seed: 66, ..PublisherConfig::default() });
+    publisher.publish_random(3);
+    publisher.hold_replay(Some(1));
+    ingest.add_listener(spec_for(worker, &publisher, &sink)).unwrap();
+    assert!(wait_until(|| ingest.counters().batches_filled == 1));
+    // Past the fill's deadline (idle, asked again, no reply for a timeout).
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    publisher.hold_replay(None);
+    let read = wait_until(|| ingest.counters().batches_filled == 3);
+    assert!(read, "no late read after the fill: {:?}", ingest.counters());
+    assert_converges(&sink, worker, &publisher);
+}
+
+#[test]
 fn a_ring_that_starts_later_than_asked_fills_what_it_holds_and_nothing_stale() {
     let worker = WorkerId::new(62, 0);
     let (ingest, sink) = start();

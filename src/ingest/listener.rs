@@ -308,6 +308,10 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             r.touched.push(*id);
             l.drive(&t, now, |s, cx, p| s.tick(cx, p));
             r.gone.arm(*id, &mut l.reach);
+            // A fill that ran out here may have a ring read due after it.
+            if l.stream.late_due().is_some() && !r.late.contains(id) {
+                r.late.push(*id);
+            }
             l.stream.asking()
         });
         let mut late = std::mem::take(&mut r.late);
