@@ -120,8 +120,8 @@ pub(crate) const FLAGS: &[Flag] = &[
          soon as it is read",
         num(0, COALESCE_US_MAX, |p, n| p.cfg.ingest_coalesce_us = Some(n))),
     flag("--heartbeat-ms", "N", "2500",
-        "ZMTP heartbeat towards each engine every N ms; an engine silent for 3 intervals is dropped and \
-         reconnected; 0: none",
+        "TCP keepalive towards each tcp:// engine: probes after N ms of silence, N ms apart (whole seconds); \
+         3 unanswered drop the connection, which is reconnected; 0: none",
         num(0, crate::ingest::HEARTBEAT_MS_MAX as u64, |p, n| p.cfg.heartbeat_ms = n as i32)),
     flag("--engine-gone-s", "N", "60",
         "clear the blocks of an engine unreachable for N s; they refill from its ring when it is back; 0: \

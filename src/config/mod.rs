@@ -41,7 +41,7 @@ pub struct Config {
     /// `--ingest-coalesce-us`, if given: accepted for old command lines and
     /// ignored (listeners no longer wait between reads).
     pub ingest_coalesce_us: Option<u64>,
-    /// ZMTP heartbeat interval towards engines, ms; 0: none.
+    /// TCP keepalive towards engines: silence before probes and between them, ms; 0: none.
     pub heartbeat_ms: i32,
     /// Seconds an engine may stay unreachable before its workers are cleared; 0: never.
     pub engine_gone_s: u64,

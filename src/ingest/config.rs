@@ -100,8 +100,10 @@ pub struct IngestConfig {
     /// plus up to as much again at random, so many listeners spread out.
     pub reconnect_ivl_ms: i32,
     pub reconnect_ivl_max_ms: i32,
-    /// ZMTP heartbeat interval; a publisher silent for 3 intervals is dropped
-    /// and reconnected. 0 disables heartbeats.
+    /// TCP keepalive towards each publisher (`subscriber.rs`): probes after
+    /// this much silence and this far apart (whole seconds, rounded up);
+    /// three unanswered drop the connection, which is then reconnected.
+    /// 0: none.
     pub heartbeat_ivl_ms: i32,
     /// A listener whose publisher stays unreachable this long (no ZMQ
     /// connection since it was added or since its connection dropped) has

@@ -5,7 +5,7 @@
 //! the connection has not dropped since: ring fills and `engine_gone` go by
 //! it), and whether the attempt is over (the listener then opens the next
 //! one). A dead host that sent no reset is a dropped connection too, once
-//! ZMTP heartbeats time out (`subscriber.rs`).
+//! TCP keepalive gives up on it (`subscriber.rs`).
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! listener a `Reach`, per listener thread the `Deadlines` heap its loop
 //! waits on. A listener is unreachable from its start until its first ZMQ
 //! handshake and from a dropped connection until the next handshake (a host
-//! gone without a reset drops the connection once ZMTP heartbeats time out).
+//! gone without a reset drops the connection once TCP keepalive gives up).
 //! Its deadline is queued once; an entry whose listener came back, or whose
 //! deadline moved (back and gone again meanwhile), is dropped or queued
 //! again when it comes up, so the heap holds at most one entry a listener

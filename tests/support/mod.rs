@@ -1,6 +1,6 @@
 //! Shared helpers for integration tests: a real ZMQ test publisher with a
 //! replay buffer, a fault-injecting proxy, a TCP relay that can blackhole a
-//! host, checks against ground truth, an exact model sink, a small
+//! host (in a private network, as the network does), checks against ground truth, an exact model sink, a small
 //! deterministic PRNG, and a bounded wait.
 //! Each test binary uses a different subset.
 #![allow(dead_code)]
@@ -14,6 +14,7 @@ pub mod harness;
 pub mod http_gen;
 pub mod index_sink;
 pub mod model_sink;
+pub mod netns;
 pub mod prom_lint;
 pub mod publisher;
 pub mod rng;

@@ -7,10 +7,15 @@
 //! kernel completes the TCP handshake anyway) and wait, unanswered. When the
 //! host is back, every connection still open is forwarded again, the waiting
 //! ones through a new upstream connection.
+//!
+//! The kernel still answers for the relay (TCP keepalive probes, the
+//! handshake): only in a test's private network (`netns.rs`), where each
+//! relay has a loopback address of its own, does a blackhole also drop
+//! every packet sent to it, as a vanished host's network does.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -18,10 +23,16 @@ use std::time::Duration;
 /// How long a pump waits for bytes, and a blackholed pump between looks.
 const TICK_MS: u64 = 5;
 
+/// Relays of this process so far: each listens on a loopback address of
+/// its own, 127.0.2.N.
+static RELAYS: AtomicU32 = AtomicU32::new(0);
+
 /// A running relay; stopped (and its connections closed) when dropped.
 pub struct TcpRelay {
-    /// What the daemon connects to, `tcp://127.0.0.1:port`.
+    /// What the daemon connects to, `tcp://127.0.2.N:port`.
     pub endpoint: String,
+    /// Its address, 127.0.2.N.
+    addr: String,
     blackholed: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     accepted: Arc<AtomicUsize>,
@@ -32,7 +43,10 @@ impl TcpRelay {
     /// Relays a free loopback port to `upstream` (`tcp://host:port`).
     pub fn start(upstream: &str) -> TcpRelay {
         let upstream = upstream.strip_prefix("tcp://").expect("a tcp:// endpoint").to_string();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let n = RELAYS.fetch_add(1, Ordering::Relaxed) + 1;
+        assert!(n < 255, "one address each: at most 254 relays a process");
+        let addr = format!("127.0.2.{n}");
+        let listener = TcpListener::bind(format!("{addr}:0")).unwrap();
         listener.set_nonblocking(true).unwrap();
         let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
         let blackholed = Arc::new(AtomicBool::new(false));
@@ -40,12 +54,15 @@ impl TcpRelay {
         let accepted = Arc::new(AtomicUsize::new(0));
         let (b, s, a) = (blackholed.clone(), stop.clone(), accepted.clone());
         let thread = std::thread::spawn(move || accept_loop(listener, &upstream, &b, &s, &a));
-        TcpRelay { endpoint, blackholed, stop, accepted, thread: Some(thread) }
+        TcpRelay { endpoint, addr, blackholed, stop, accepted, thread: Some(thread) }
     }
 
-    /// Stops (true) or resumes (false) all traffic, closing nothing.
+    /// Stops (true) or resumes (false) all traffic, closing nothing; in a
+    /// private network, what is sent to the relay is dropped too.
     pub fn blackhole(&self, on: bool) {
-        self.blackholed.store(on, Ordering::Release);
+        if on != self.blackholed.swap(on, Ordering::AcqRel) && super::netns::inside() {
+            super::netns::vanish(&self.addr, on);
+        }
     }
 
     /// Connections accepted so far.

@@ -80,7 +80,7 @@ pub(super) enum Step {
     /// A muted ring answers again (a stalled ring thread resumes).
     Unmute,
     /// The process dies without the listener seeing it (a host gone
-    /// without a reset: the connection looks up until heartbeats time out).
+    /// without a reset: the connection looks up until keepalive gives up).
     Vanish,
     /// With no process running, a new one binds the endpoints; the
     /// listener has not reconnected yet (its backoff), but its ring
@@ -503,7 +503,7 @@ impl Run {
         }
         let live_pid = self.world.process.as_ref().map(|p| p.pid);
         if self.world.conn.is_some_and(|(_, pid)| Some(pid) != live_pid) {
-            // The connection reaches a process that is gone: heartbeats end it.
+            // The connection reaches a process that is gone: keepalive ends it.
             self.disconnect();
         }
         if self.world.conn.is_none() {

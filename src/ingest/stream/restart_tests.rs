@@ -98,7 +98,7 @@ fn a_ring_answer_before_the_replacement_is_seen_does_not_start_the_stream_on_the
 #[test]
 fn a_host_gone_without_a_reset_does_not_lend_its_connection_to_the_next_process() {
     // The connection of a process whose host vanished looks up until the
-    // heartbeats time out. The fill from the seeded watermark finds a new
+    // keepalive gives up. The fill from the seeded watermark finds a new
     // process (a restart, filled from 0 on the same, dead, connection),
     // and the dead process's batch 2, still queued on it, is applied on top.
     let script = [Step::Pub, Step::Pub, Step::Vanish, Step::Spawn, Step::Pub, Step::Gate, Step::Reply, Step::Reply];
