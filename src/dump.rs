@@ -235,16 +235,11 @@ fn write_event(out: &mut Vec<u8>, dumped: &DumpEvent, event_id: u64) {
 }
 
 /// Where a dump's reader puts what it reads, as it reads it: an index's
-/// entry begins (`index`), then its events come one by one (`event`);
-/// a compact dump of format 2 then gives its peer's watermarks, once it
-/// arrived whole (`watermarks`; a sink that has no use for them keeps
-/// none). An error stops the read; it is what the read returns.
+/// entry begins (`index`), then its events come one by one (`event`).
+/// An error stops the read; it is what the read returns.
 pub trait DumpSink {
     fn index(&mut self, model_name: &str, tenant_id: &str, block_size: u32) -> Result<(), String>;
     fn event(&mut self, event: DumpEvent) -> Result<(), String>;
-    fn watermarks(&mut self, _marks: Vec<binary::PeerWatermark>) -> Result<(), String> {
-        Ok(())
-    }
 }
 
 /// What a read left out of a dump.

@@ -13,10 +13,8 @@
 //! the command line is, then the snapshot's other registrations; they hold
 //! what engines send), the HTTP API answers (`/health` says why it is not ready yet),
 //! with peers the slow-joiner window passes and a peer's dump is applied
-//! (replacing the snapshot's blocks of the workers it names) and its
-//! watermarks taken by the running listeners of the same keys and
-//! endpoints (replacing the snapshot's), the gate opens and held events
-//! drain.
+//! (replacing the snapshot's blocks of the workers it names), the gate
+//! opens and held events drain.
 //! Until then systemd's start timeout is extended step by step
 //! (`notify::StartupExtender`). READY=1 goes to systemd once recovery is
 //! done and the API serves; the worker gate (`--min-initial-workers`) is

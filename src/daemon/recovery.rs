@@ -15,17 +15,8 @@
 //! the peer's blocks replace the snapshot's for every worker the dump
 //! names; the others keep the snapshot's.
 //!
-//! We ask for the compact format with the peer's watermarks (`dump::binary`,
-//! `Accept`: format 2), read format 1 from a kv-indexer that predates them,
-//! and JSON from a peer that answers JSON (Dynamo's service, an older
-//! kv-indexer). Once a dump with watermarks is in place, and before the
-//! gate opens, each running listener of a key the dump names takes its
-//! watermark (`registry::watermarks`): its ring fill then asks from there,
-//! checks the ring's batch there, and applies only what is newer, as after
-//! a snapshot. Without them (JSON, format 1, a failed dump) the fill asks
-//! from the ring's start, over the recovered state: a block stored and
-//! later removed within the ring shows again until the fill reaches its
-//! removal.
+//! We ask for the compact format (`dump::binary`, `Accept`), and read JSON
+//! from a peer that answers JSON (Dynamo's service, an older kv-indexer).
 //! No size limit but `--max-pairs`: what the index holds is shed past it
 //! as a live store is, and a dump whose stores wait for parents it has not
 //! sent is refused past it (`index::Loader`). `--peer-timeout-ms` bounds
@@ -36,7 +27,6 @@
 
 use crate::dump::{binary, read_dump_json, ReadFailed, Skipped};
 use crate::registry::staging::Staging;
-use crate::registry::watermarks::KeepWatermarks;
 use crate::registry::Registry;
 use std::io::BufReader;
 use std::time::Duration;
@@ -53,9 +43,6 @@ pub struct Recovered {
     pub blocks_refused: u64,
     /// Chains placed under ancestors their worker does not hold (orphans).
     pub orphans: u64,
-    /// The peer's watermarks its dump carried, and those a listener took.
-    pub watermarks: usize,
-    pub watermarks_adopted: usize,
 }
 
 /// Bytes read from a peer at a time.
@@ -104,7 +91,7 @@ pub fn fetch_dump(
     sink: &mut dyn crate::dump::DumpSink,
 ) -> Result<(Skipped, &'static str), String> {
     let agent = ureq::AgentBuilder::new().timeout_connect(timeout).timeout_read(timeout).build();
-    let accept = format!("{};{}, application/json;q=0.5", binary::MEDIA_TYPE, binary::WATERMARKS_PARAM);
+    let accept = format!("{}, application/json;q=0.5", binary::MEDIA_TYPE);
     let resp = agent.get(&format!("{peer}/dump")).set("Accept", &accept).call().map_err(|e| e.to_string())?;
     let compact = resp.header("Content-Type").is_some_and(|t| t.trim().starts_with(binary::MEDIA_TYPE));
     let paced = Paced { r: resp.into_reader(), window: timeout, started: std::time::Instant::now(), bytes: 0 };
@@ -125,10 +112,7 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
     for peer in peers {
         let started = std::time::Instant::now();
         let mut staging = Staging::new(registry, "recovery");
-        let mut sink = KeepWatermarks::new(&mut staging);
-        let fetched = fetch_dump(peer, timeout, &mut sink);
-        let KeepWatermarks { marks, listed, .. } = sink;
-        let (skipped, format) = match fetched {
+        let (skipped, format) = match fetch_dump(peer, timeout, &mut staging) {
             Ok(read) => read,
             Err(e) => {
                 crate::warn!("recovery: peer {peer} failed: {e}; nothing of its dump is applied");
@@ -153,8 +137,6 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
         if over_snapshot {
             crate::info!("peer {peer}'s dump replaces the snapshot's blocks of {} worker(s)", kept.replaced_workers);
         }
-        let watermarks = marks.len();
-        let adopted = registry.adopt_peer_watermarks(peer, marks, &listed);
         out = Recovered {
             peer: Some(peer.clone()),
             indexes: kept.indexes,
@@ -162,20 +144,16 @@ pub fn recover(registry: &Registry, peers: &[String], timeout: Duration, over_sn
             blocks_stored: kept.loaded.blocks_stored,
             blocks_refused: kept.loaded.blocks_refused,
             orphans: kept.loaded.orphans,
-            watermarks,
-            watermarks_adopted: adopted.adopted,
         };
         crate::info!(
             "recovered from peer {peer} ({format} dump) in {} ms: {} index(es), {} events, {} blocks ({} chains \
-             under ancestors their worker does not hold), {} refused; {} of its {} watermark(s) adopted",
+             under ancestors their worker does not hold), {} refused",
             started.elapsed().as_millis(),
             out.indexes,
             out.events,
             out.blocks_stored,
             out.orphans,
-            out.blocks_refused,
-            out.watermarks_adopted,
-            out.watermarks
+            out.blocks_refused
         );
         return out;
     }

@@ -1,7 +1,7 @@
 //! Recovery against peers on loopback that answer as told: whole dumps in
-//! either format, with watermarks or without, dumps cut short, truncated,
-//! corrupted or slow, and JSON-only peers. Nothing of a failed dump is
-//! ever applied, its watermarks included, and the next peer is tried.
+//! either format, dumps cut short, truncated, corrupted or slow, and
+//! JSON-only peers. Nothing of a failed dump is ever applied, and the next
+//! peer is tried.
 
 use super::*;
 use crate::dump::binary;
@@ -19,22 +19,6 @@ const SECOND: Duration = Duration::from_secs(1);
 
 fn registry(budget: Budget) -> (Arc<Ingest>, Registry) {
     let cfg = IngestConfig { listener_threads: 1, shard_threads: 1, pin_threads: false, ..IngestConfig::default() };
-    registry_with(cfg, budget)
-}
-
-/// A registry whose ready gate is closed, as during startup recovery.
-fn registry_recovering() -> (Arc<Ingest>, Registry) {
-    let cfg = IngestConfig {
-        listener_threads: 1,
-        shard_threads: 1,
-        pin_threads: false,
-        ready_gate_open: false,
-        ..IngestConfig::default()
-    };
-    registry_with(cfg, Budget::unlimited())
-}
-
-fn registry_with(cfg: IngestConfig, budget: Budget) -> (Arc<Ingest>, Registry) {
     let ingest = Arc::new(Ingest::start(cfg).unwrap());
     let r = Registry::new(ingest.clone(), 0, Arc::new(budget));
     (ingest, r)
@@ -301,97 +285,4 @@ fn stores_waiting_for_parents_past_max_pairs_refuse_the_dump() {
     t.join().unwrap();
     ingest.shutdown();
     ingest2.shutdown();
-}
-
-/// Nothing listens there: the listener stays pending.
-const ENGINE: &str = "tcp://127.0.0.1:9";
-
-/// Registers worker 3 of model "m" at `ENGINE`.
-fn register_engine(r: &Registry) {
-    let args = crate::registry::RegisterArgs {
-        instance_id: 3,
-        dp_rank: 0,
-        endpoint: ENGINE.into(),
-        replay_endpoint: None,
-        model_name: "m".into(),
-        tenant_id: "default".into(),
-        block_size: 4,
-    };
-    r.register(args).unwrap();
-}
-
-/// A format-2 dump of `ix` whose watermarks name worker 3 at `ENGINE`,
-/// batch 17.
-fn dump_with_watermarks(ix: &Arc<Index>) -> Vec<u8> {
-    let source = Source { model_name: "m".into(), tenant_id: "default".into(), index: ix.clone() };
-    let mark = binary::PeerWatermark {
-        model_name: "m".into(),
-        tenant_id: "default".into(),
-        mark: crate::ingest::StreamMark {
-            worker: WorkerId::new(3, 0),
-            endpoint: ENGINE.into(),
-            watermark: crate::ingest::Watermark { seq: 17, digest: Some(99) },
-            ranks: vec![],
-        },
-    };
-    let mut s = DumpStream::with_watermarks(vec![source], vec![mark]);
-    let mut out = Vec::new();
-    while s.fill(&mut out) {}
-    out
-}
-
-fn last_seq(r: &Registry) -> Option<u64> {
-    r.listener_infos().values().next().and_then(|i| i.last_seq)
-}
-
-#[test]
-fn a_peer_s_watermarks_are_asked_for_and_taken_once_its_dump_is_in_place() {
-    let (ingest, r) = registry_recovering();
-    register_engine(&r);
-    let (url, t) = peer(Answer::new(binary::MEDIA_TYPE_WATERMARKS, dump_with_watermarks(&index_of(GOOD))));
-    let got = recover(&r, std::slice::from_ref(&url), SECOND * 5, false);
-    assert_eq!(got.peer.as_deref(), Some(url.as_str()));
-    assert_eq!((got.watermarks, got.watermarks_adopted), (1, 1));
-    assert_eq!(held(&r), pairs_of(GOOD));
-    assert_eq!(last_seq(&r), Some(17), "the listener resumes from the peer's watermark");
-    let head = t.join().unwrap().to_ascii_lowercase();
-    let asked = format!("accept: {};{}, application/json;q=0.5", binary::MEDIA_TYPE, binary::WATERMARKS_PARAM);
-    assert!(head.contains(&asked), "asked for the compact format with watermarks: {head}");
-    ingest.shutdown();
-}
-
-#[test]
-fn an_older_peer_s_dump_without_watermarks_is_read_and_nothing_adopted() {
-    let (ingest, r) = registry_recovering();
-    register_engine(&r);
-    let (url, t) = peer(Answer::new(binary::MEDIA_TYPE, dump_of(Format::Compact, &index_of(GOOD))));
-    let got = recover(&r, std::slice::from_ref(&url), SECOND * 5, false);
-    assert_eq!(got.peer.as_deref(), Some(url.as_str()));
-    assert_eq!((got.watermarks, got.watermarks_adopted), (0, 0));
-    assert_eq!(held(&r), pairs_of(GOOD));
-    assert_eq!(last_seq(&r), None, "it fills from the ring's start, as before");
-    t.join().unwrap();
-    ingest.shutdown();
-}
-
-#[test]
-fn a_dump_whose_watermarks_are_cut_short_or_oversized_applies_nothing() {
-    let whole = dump_with_watermarks(&index_of(BAD));
-    // The format-1 records come first: the watermarks start past them.
-    let at = dump_of(Format::Compact, &index_of(BAD)).len() - 17;
-    assert_eq!(whole[at], 4, "the watermarks record");
-    let cut = whole[..whole.len() - 30].to_vec();
-    let mut oversized = whole.clone();
-    oversized[at + 1..at + 5].copy_from_slice(&(crate::ingest::LISTENERS_MAX as u32 + 1).to_le_bytes());
-    for (body, why) in [(cut, "truncated"), (oversized, "4097 watermarks, over the limit of 4096")] {
-        let (ingest, r) = registry_recovering();
-        register_engine(&r);
-        let (url, t) = peer(Answer::new(binary::MEDIA_TYPE_WATERMARKS, body));
-        let got = recover(&r, std::slice::from_ref(&url), SECOND * 5, false);
-        assert_eq!(got, Recovered::default(), "{why}");
-        assert!(held(&r).is_empty(), "{why}: no block of the dump");
-        assert_eq!(last_seq(&r), None, "{why}: no watermark of the dump");
-        t.join().unwrap();
-        ingest.shutdown();
-    }
 }

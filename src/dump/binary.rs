@@ -6,7 +6,7 @@
 //! All integers little-endian.
 //!
 //! ```text
-//! magic    8 bytes "KVIXDUMP", then u32 format (FORMAT, 1; or FORMAT_WATERMARKS, 2)
+//! magic    8 bytes "KVIXDUMP", then u32 format (FORMAT, 1)
 //! records, each a u8 kind, then:
 //!   1 index:  name model_name, name tenant_id, u32 block_size
 //!   2 worker: u64 instance_id, u32 dp_rank (the events after it are its own)
@@ -14,31 +14,13 @@
 //!                     2 cleared), bit 4 has_parent, bit 5 orphan, bits 6-7 zero
 //!             stored:  [u64 parent], [orphan], u32 n, n x (u64 engine_hash, u64 local_hash)
 //!             removed: u32 n, n x u64 engine_hash
-//!   4 watermarks (format 2 only, once, right before the end record):
-//!             u32 n, n x listener
 //!   0 end:    u64 events, u64 xxh3-64 of every byte up to this record's kind
-//! orphan   = u32 position, u8 has_anchor, [u64 anchor], u32 m, m x u64 local_hash
-//! listener = u64 instance_id, u32 dp_rank (its key), name endpoint, name
-//!            model_name, name tenant_id (the index it feeds), u64 seq,
-//!            u8 has_digest, [u64 digest] (its watermark), u32 m, m x u32
-//!            dp_rank (the other ranks its stream wrote to)
-//! name     = u32 len (1..=NAME_BYTES_READ_MAX), UTF-8 bytes
+//! orphan = u32 position, u8 has_anchor, [u64 anchor], u32 m, m x u64 local_hash
+//! name   = u32 len (1..=NAME_BYTES_READ_MAX), UTF-8 bytes
 //! ```
-//!
-//! Format 2 is written only to a client that asks for it with the media
-//! type's parameter `watermarks=1` (`WATERMARKS_PARAM`; answered with
-//! `MEDIA_TYPE_WATERMARKS`): a kv-indexer that predates it asks without
-//! and gets format 1, byte for byte what it always got, and one that got
-//! format 2 anyway refuses it by its format number. Dynamo's service
-//! answers JSON whatever the `Accept`. The records before the watermarks
-//! are format 1's, so a format-1 dump's records are a prefix of the
-//! format-2 dump of the same state. The watermarks were read before the
-//! indexes were (`registry::watermarks`), which are then at or past each.
 //!
 //! Reading checks every count against its limit before anything is
 //! allocated (`BLOCKS_PER_EVENT_MAX` blocks or missing ancestors an event,
-//! `LISTENERS_MAX` watermarks, `DP_RANKS_PER_LISTENER_MAX` ranks and
-//! `ADDRESS_BYTES_MAX` endpoint bytes a listener, no key twice,
 //! a block size of at most `BLOCK_SIZE_MAX`, names of at most
 //! `NAME_BYTES_READ_MAX` bytes; the registry then refuses names past its
 //! own limit), an event only after a worker and a worker only after an
@@ -59,21 +41,12 @@ use crate::json::BodyError;
 use std::io::Read;
 use xxhash_rust::xxh3::Xxh3;
 
-mod watermarks;
-pub use watermarks::PeerWatermark;
-
 /// The `Accept` and `Content-Type` of the compact format.
 pub const MEDIA_TYPE: &str = "application/vnd.kv-indexer.dump";
-/// The parameter of `MEDIA_TYPE` in `Accept` that asks for format 2.
-pub const WATERMARKS_PARAM: &str = "watermarks=1";
-/// The `Content-Type` of a format-2 dump.
-pub const MEDIA_TYPE_WATERMARKS: &str = "application/vnd.kv-indexer.dump;watermarks=1";
 /// First bytes of a compact dump.
 pub const MAGIC: [u8; 8] = *b"KVIXDUMP";
-/// The format this build writes unless asked for watermarks; it reads both.
+/// The format this build writes and reads.
 pub const FORMAT: u32 = 1;
-/// The format of a dump with a watermarks record.
-pub const FORMAT_WATERMARKS: u32 = 2;
 /// Longest model or tenant name read (the registry's own limit is lower).
 pub const NAME_BYTES_READ_MAX: usize = 4096;
 
@@ -81,7 +54,6 @@ const REC_END: u8 = 0;
 const REC_INDEX: u8 = 1;
 const REC_WORKER: u8 = 2;
 const REC_EVENT: u8 = 3;
-const REC_WATERMARKS: u8 = 4;
 
 const TAG_TIER_MASK: u8 = 0b11;
 const TAG_KIND_SHIFT: u8 = 2;
@@ -212,23 +184,6 @@ impl Writer {
                 self.counts.events += 1;
             }
         }
-        self.hashed(&out[at..]);
-    }
-
-    /// The magic and format 2, for a dump whose end record `watermarks`
-    /// precedes.
-    pub fn start_with_watermarks(&mut self, out: &mut Vec<u8>) {
-        let at = out.len();
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_WATERMARKS.to_le_bytes());
-        self.hashed(&out[at..]);
-    }
-
-    /// The watermarks record (format 2, right before `end`).
-    pub fn watermarks(&mut self, out: &mut Vec<u8>, marks: &[PeerWatermark]) {
-        let at = out.len();
-        out.push(REC_WATERMARKS);
-        watermarks::put(out, marks);
         self.hashed(&out[at..]);
     }
 
@@ -405,13 +360,10 @@ pub fn read_compact(r: impl Read, sink: &mut dyn DumpSink) -> Result<u64, ReadFa
         return Err(s.malformed(0, "not a compact dump (bad magic)"));
     }
     let format = s.u32()?;
-    if format != FORMAT && format != FORMAT_WATERMARKS {
-        let reads = format!("{FORMAT} and {FORMAT_WATERMARKS}");
-        return Err(s.malformed(8, format!("format {format}; this build reads formats {reads}")));
+    if format != FORMAT {
+        return Err(s.malformed(8, format!("format {format}; this build reads format {FORMAT}")));
     }
-    // Format 2: its watermarks, read but handed on only once the dump is whole.
-    let mut marks = (format == FORMAT_WATERMARKS).then_some(None);
-    let events = read_records_until_end(&mut s, sink, &mut marks)?;
+    let events = read_records(&mut s, sink)?;
     let at = s.offset - 1;
     let digest = s.digest();
     let (count, sum) = (s.u64()?, s.u64()?);
@@ -424,36 +376,17 @@ pub fn read_compact(r: impl Read, sink: &mut dyn DumpSink) -> Result<u64, ReadFa
     if !s.at_end()? {
         return Err(s.malformed(s.offset, "bytes after the end record"));
     }
-    if let Some(Some(marks)) = marks {
-        sink.watermarks(marks).map_err(ReadFailed::Sink)?;
-    }
     Ok(events)
 }
 
 /// Reads index, worker and event records, handing each index and event to
 /// `sink`, through the end record's kind; returns the events read.
 pub(crate) fn read_records<R: Read>(s: &mut Source<R>, sink: &mut dyn DumpSink) -> Res<u64> {
-    read_records_until_end(s, sink, &mut None)
-}
-
-/// `read_records`; with `marks` Some (format 2), a watermarks record must
-/// come right before the end record, and is put there.
-fn read_records_until_end<R: Read>(
-    s: &mut Source<R>,
-    sink: &mut dyn DumpSink,
-    marks: &mut Option<Option<Vec<PeerWatermark>>>,
-) -> Res<u64> {
     let (mut in_index, mut worker, mut events) = (false, None, 0u64);
     loop {
         let at = s.offset;
         match s.u8()? {
-            REC_END if marks.as_ref().is_some_and(Option::is_none) => {
-                return Err(s.malformed(at, "a format-2 dump ends without its watermarks"));
-            }
             REC_END => return Ok(events),
-            _ if marks.as_ref().is_some_and(Option::is_some) => {
-                return Err(s.malformed(at, "a record after the watermarks other than the end"));
-            }
             REC_INDEX => {
                 let model = s.name("model name")?;
                 let tenant = s.name("tenant id")?;
@@ -472,7 +405,6 @@ fn read_records_until_end<R: Read>(
                 events += 1;
                 sink.event(e).map_err(ReadFailed::Sink)?;
             }
-            REC_WATERMARKS if *marks == Some(None) => *marks = Some(Some(watermarks::read(s)?)),
             REC_WORKER => return Err(s.malformed(at, "a worker before its index")),
             k => return Err(s.malformed(at, format!("unknown record kind {k}"))),
         }

@@ -46,8 +46,6 @@ pub struct DumpStream {
     entries: u64,
     event_id: u64,
     compact: binary::Writer,
-    /// Compact only: the watermarks record that ends a format-2 dump.
-    watermarks: Option<Vec<binary::PeerWatermark>>,
     piece_bytes: usize,
 }
 
@@ -62,7 +60,6 @@ impl DumpStream {
             entries: 0,
             event_id: 0,
             compact: binary::Writer::default(),
-            watermarks: None,
             piece_bytes: PIECE_BYTES,
         }
     }
@@ -77,12 +74,6 @@ impl DumpStream {
     /// What the compact writer wrote so far (JSON: nothing).
     pub fn counts(&self) -> binary::Counts {
         self.compact.counts()
-    }
-
-    /// A compact dump of format 2, whose watermarks record (read before
-    /// the indexes, see `binary`) comes last.
-    pub fn with_watermarks(sources: Vec<Source>, marks: Vec<binary::PeerWatermark>) -> DumpStream {
-        DumpStream { watermarks: Some(marks), ..DumpStream::new(Format::Compact, sources) }
     }
 
     /// The same stream in pieces of `bytes` (tests cut a small dump into many).
@@ -102,7 +93,6 @@ impl DumpStream {
             self.started = true;
             match self.format {
                 Format::Json => out.push(b'{'),
-                Format::Compact if self.watermarks.is_some() => self.compact.start_with_watermarks(out),
                 Format::Compact => self.compact.start(out),
             }
         }
@@ -135,12 +125,7 @@ impl DumpStream {
             let Some(next) = self.sources.next() else {
                 match self.format {
                     Format::Json => out.push(b'}'),
-                    Format::Compact => {
-                        if let Some(marks) = self.watermarks.take() {
-                            self.compact.watermarks(out, &marks);
-                        }
-                        self.compact.end(out)
-                    }
+                    Format::Compact => self.compact.end(out),
                 }
                 self.done = true;
                 return true;

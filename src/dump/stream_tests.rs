@@ -63,50 +63,10 @@ fn a_streamed_dump_says_what_the_whole_dump_says_in_both_formats() {
     let (compact, _) = drain(DumpStream::new(Format::Compact, sources()).with_piece_bytes(64));
     let mut sink = Collect::default();
     binary::read_compact(&compact[..], &mut sink).expect("valid compact dump");
-    assert_eq!(canonical(sink.0), canonical(expected.clone()));
+    assert_eq!(canonical(sink.0), canonical(expected));
     assert!(compact.len() * 3 < json.len(), "compact {} bytes, JSON {}", compact.len(), json.len());
     let (empty, _) = drain(DumpStream::new(Format::Json, vec![]));
     assert_eq!(empty, b"{}");
-
-    // With watermarks: format 2, the same records first, then the watermarks.
-    let marks = vec![binary::PeerWatermark {
-        model_name: "a".into(),
-        tenant_id: "t".into(),
-        mark: crate::ingest::StreamMark {
-            worker: WorkerId::new(5, 2),
-            endpoint: "tcp://e:1".into(),
-            watermark: crate::ingest::Watermark { seq: 9, digest: Some(3) },
-            ranks: vec![0],
-        },
-    }];
-    let (marked, _) = drain(DumpStream::with_watermarks(sources(), marks.clone()).with_piece_bytes(64));
-    assert_eq!(marked[8..12], binary::FORMAT_WATERMARKS.to_le_bytes());
-    assert_eq!(marked[12..compact.len() - 17], compact[12..compact.len() - 17], "the same records");
-    let mut sink = Kept::default();
-    binary::read_compact(&marked[..], &mut sink).expect("valid compact dump");
-    assert_eq!((canonical(sink.entries.0), sink.marks), (canonical(expected), marks));
-}
-
-/// Entries and watermarks, as read.
-#[derive(Default)]
-struct Kept {
-    entries: Collect,
-    marks: Vec<binary::PeerWatermark>,
-}
-
-impl crate::dump::DumpSink for Kept {
-    fn index(&mut self, model_name: &str, tenant_id: &str, block_size: u32) -> Result<(), String> {
-        self.entries.index(model_name, tenant_id, block_size)
-    }
-
-    fn event(&mut self, event: DumpEvent) -> Result<(), String> {
-        self.entries.event(event)
-    }
-
-    fn watermarks(&mut self, marks: Vec<binary::PeerWatermark>) -> Result<(), String> {
-        self.marks = marks;
-        Ok(())
-    }
 }
 
 /// Writers move each worker through states 0, 1, 2, ... (state k holds

@@ -80,8 +80,6 @@ pub struct Head {
     pub authorization: Option<String>,
     /// An `Accept` header lists the compact dump format (and not with q=0).
     pub accepts_compact_dump: bool,
-    /// ... with its parameter `watermarks=1` (format 2).
-    pub asks_dump_watermarks: bool,
     /// The value of the access log's trace id header, if asked for and sent.
     pub trace_id: Option<String>,
 }
@@ -406,9 +404,7 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8]) -> Result<(), ReadErr
     } else if is("expect") {
         head.expect_continue = value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
     } else if is("accept") {
-        use crate::dump::binary::{MEDIA_TYPE, WATERMARKS_PARAM};
-        head.accepts_compact_dump |= accepts(value, MEDIA_TYPE, None);
-        head.asks_dump_watermarks |= accepts(value, MEDIA_TYPE, Some(WATERMARKS_PARAM));
+        head.accepts_compact_dump |= accepts(value, crate::dump::binary::MEDIA_TYPE);
     } else if is("authorization") {
         let text = std::str::from_utf8(value).map_err(|_| ReadError::Bad("Authorization is not UTF-8"))?;
         if head.authorization.is_some() {
@@ -420,20 +416,17 @@ fn apply_header(head: &mut Head, name: &str, value: &[u8]) -> Result<(), ReadErr
     Ok(())
 }
 
-/// Whether an `Accept` value lists `media` with a nonzero quality (and,
-/// if given, with the parameter `param`, such as `watermarks=1`).
-fn accepts(value: &[u8], media: &str, param: Option<&str>) -> bool {
+/// Whether an `Accept` value lists `media` with a nonzero quality.
+fn accepts(value: &[u8], media: &str) -> bool {
     let Ok(text) = std::str::from_utf8(value) else { return false };
     text.split(',').any(|item| {
         let mut parts = item.split(';').map(str::trim);
         let named = parts.next().is_some_and(|m| m.eq_ignore_ascii_case(media));
-        let (mut zero, mut has) = (false, param.is_none());
-        for p in parts {
+        let zero = parts.any(|p| {
             let p = p.replace(' ', "");
-            zero |= p.strip_prefix("q=").is_some_and(|q| q.parse::<f32>().is_ok_and(|q| q == 0.0));
-            has |= param.is_some_and(|want| p.eq_ignore_ascii_case(want));
-        }
-        named && !zero && has
+            p.strip_prefix("q=").is_some_and(|q| q.parse::<f32>().is_ok_and(|q| q == 0.0))
+        });
+        named && !zero
     })
 }
 
@@ -592,30 +585,11 @@ pub(crate) mod tests {
             ("*/*".to_string(), false),
             (format!("{media}x"), false),
         ] {
-            assert_eq!(accepts(value.as_bytes(), media, None), asked, "{value}");
+            assert_eq!(accepts(value.as_bytes(), media), asked, "{value}");
         }
         let raw = format!("GET /dump HTTP/1.1\r\nAccept: application/json\r\nAccept: {media}\r\n\r\n");
         assert!(head(raw.as_bytes()).unwrap().accepts_compact_dump, "any of several Accept headers");
         assert!(!head(b"GET /dump HTTP/1.1\r\n\r\n").unwrap().accepts_compact_dump);
-    }
-
-    #[test]
-    fn watermarks_are_asked_for_only_by_the_compact_format_s_parameter() {
-        let (media, param) = (crate::dump::binary::MEDIA_TYPE, crate::dump::binary::WATERMARKS_PARAM);
-        for (value, compact, watermarks) in [
-            // What a replica of this build sends.
-            (format!("{media};{param}, application/json;q=0.5"), true, true),
-            (format!("{media} ; Watermarks=1 ; q=0.5"), true, true),
-            // What an older replica sends: the compact format, format 1.
-            (format!("{media}, application/json;q=0.5"), true, false),
-            (format!("{media};watermarks=0"), true, false),
-            (format!("{media};{param};q=0"), false, false),
-            (format!("application/json;{param}"), false, false),
-        ] {
-            let raw = format!("GET /dump HTTP/1.1\r\nAccept: {value}\r\n\r\n");
-            let h = head(raw.as_bytes()).unwrap();
-            assert_eq!((h.accepts_compact_dump, h.asks_dump_watermarks), (compact, watermarks), "{value}");
-        }
     }
 
     #[test]

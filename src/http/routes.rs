@@ -153,8 +153,6 @@ pub struct Incoming<'a> {
     pub authorization: Option<&'a str>,
     /// The client asks for the compact dump format (`Accept`).
     pub accepts_compact_dump: bool,
-    /// ... with the peer's watermarks (format 2, `dump::binary`).
-    pub asks_dump_watermarks: bool,
 }
 
 /// A refused request: its status and the message of its `{"error": ...}`.
@@ -337,39 +335,24 @@ impl Api {
     }
 
     /// `/dump`, streamed from the live indexes (`dump::stream`): compact
-    /// when the client asks for it, else JSON; compact with this daemon's
-    /// watermarks, read first (`registry::watermarks`), when it asks for
-    /// those too.
-    fn dump(&self, s: &mut Scratch, compact: bool, watermarks: bool) -> Answer {
+    /// when the client asks for it, else JSON.
+    fn dump(&self, s: &mut Scratch, compact: bool) -> Answer {
         let Some(slot) = DumpSlot::take(&self.dumps) else {
             crate::warn!("GET /dump refused: {DUMPS_AT_ONCE_MAX} dumps are being sent; the client may retry");
             let message = format!("{DUMPS_AT_ONCE_MAX} dumps are being sent; retry shortly");
             return Ok(Reply { header: Some("Retry-After: 1".into()), ..Reply::error(&mut s.out, 503, &message) });
         };
         s.dump_slot = Some(slot);
-        let marks = match (compact && watermarks).then(|| self.registry.peer_watermarks()) {
-            Some(Ok(marks)) => Some(marks),
-            Some(Err(e)) => {
-                crate::warn!(
-                    "GET /dump: sent without watermarks ({e}); the replica fills from its engines' rings' start"
-                );
-                None
-            }
-            None => None,
-        };
         let sources = self
             .registry
             .indexes()
             .iter()
             .map(|h| Source { model_name: h.model_name.clone(), tenant_id: h.tenant_id.clone(), index: h.index_arc() })
             .collect();
-        let (stream, content_type) = match marks {
-            Some(marks) => (DumpStream::with_watermarks(sources, marks), binary::MEDIA_TYPE_WATERMARKS),
-            None if compact => (DumpStream::new(Format::Compact, sources), binary::MEDIA_TYPE),
-            None => (DumpStream::new(Format::Json, sources), "application/json"),
-        };
+        let (format, content_type) =
+            if compact { (Format::Compact, binary::MEDIA_TYPE) } else { (Format::Json, "application/json") };
         s.out.clear();
-        Ok(Reply { content_type, stream: Some(Box::new(stream)), ..Reply::json(200) })
+        Ok(Reply { content_type, stream: Some(Box::new(DumpStream::new(format, sources))), ..Reply::json(200) })
     }
 
     fn peer(&self, body: &[u8], s: &mut Scratch, add: bool) -> Answer {
@@ -447,7 +430,7 @@ impl Api {
             Route::Health => self.health(s),
             Route::Metrics => self.metrics_text(s),
             Route::Workers => self.workers(req.query, s),
-            Route::Dump => self.dump(s, req.accepts_compact_dump, req.asks_dump_watermarks),
+            Route::Dump => self.dump(s, req.accepts_compact_dump),
             Route::Peers => json(s, &self.peers.list()),
             Route::Register => self.register(body, s),
             Route::Unregister => self.unregister(body, s),

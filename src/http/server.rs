@@ -308,17 +308,8 @@ fn serve<S: Socket>(s: &Shared, mut conn: Conn<S>) {
             }
         };
         let authorization = head.authorization.as_deref();
-        let (accepts_compact_dump, asks_dump_watermarks) = (head.accepts_compact_dump, head.asks_dump_watermarks);
-        let incoming = Incoming {
-            route,
-            method: &head.method,
-            path,
-            query,
-            body,
-            authorization,
-            accepts_compact_dump,
-            asks_dump_watermarks,
-        };
+        let accepts_compact_dump = head.accepts_compact_dump;
+        let incoming = Incoming { route, method: &head.method, path, query, body, authorization, accepts_compact_dump };
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.api.handle(&incoming, &mut scratch)));
         let mut reply = run.unwrap_or_else(|_| {
             crate::error!("internal error handling {} {path}; the request was refused", head.method);

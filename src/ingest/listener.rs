@@ -79,15 +79,6 @@ pub(crate) enum Control {
         id: ListenerId,
         done: Sender<Removed>,
     },
-    /// Take a peer's watermark (`Stream::adopt`), only while the ready
-    /// gate is closed; answered with the request's `tag` and the outcome.
-    Adopt {
-        id: ListenerId,
-        kept: Watermark,
-        ranks: Vec<u32>,
-        tag: usize,
-        done: Sender<(usize, Result<(), &'static str>)>,
-    },
 }
 
 /// What a removed listener leaves behind.
@@ -192,8 +183,6 @@ struct Listener {
     stream: Stream,
     /// The watermark `shared` shows (published when it moves).
     published: Cell<Option<Watermark>>,
-    /// How many dp ranks `shared` shows (published when they grow).
-    published_ranks: Cell<usize>,
     /// The monitor was read short of `EAGAIN` (at its burst cap): look again.
     monitor_more: bool,
     log: LogLimiter,
@@ -450,15 +439,15 @@ fn clear_gone(t: &ThreadCtx, ls: &mut Listeners, gone: &mut Deadlines, touched: 
 
 /// Sends what this round made to the shards, then publishes each
 /// listener's watermark: a watermark the API can read never runs ahead of
-/// what reached its shard's queue (a snapshot or a peer's dump reads the
-/// watermarks first, then drains the shards), including the clears of a
-/// restart or resync. The dp ranks go first, so ranks read after a
-/// watermark name every rank its batches wrote to.
+/// what reached its shard's queue (a snapshot reads the watermarks first,
+/// then drains the shards), including the clears of a restart or resync.
 fn flush(t: &ThreadCtx, ls: &Listeners, touched: &mut Vec<u64>) {
     t.outbox.borrow_mut().flush();
     for id in touched.drain(..) {
-        if let Some(l) = ls.get(&id) {
-            l.publish();
+        let Some(l) = ls.get(&id) else { continue };
+        let watermark = l.stream.watermark();
+        if l.published.replace(watermark) != watermark {
+            l.shared.set_watermark(watermark);
         }
     }
 }
@@ -467,15 +456,12 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, r: &mut Ro
     match msg {
         Control::Add(new) => {
             let NewListener { id, spec, first, monitor_base, shared, last_seq, ranks_written } = *new;
-            let ranks_written_len = ranks_written.len();
             let stream =
                 Stream::new(spec.worker, spec.endpoint.clone(), spec.replay_endpoint.clone(), last_seq, ranks_written);
             let now = Instant::now();
             let mut l = Listener {
                 id,
                 published: Cell::new(stream.watermark()),
-                // `add_listener` published the ranks it was given.
-                published_ranks: Cell::new(1 + ranks_written_len),
                 stream,
                 spec,
                 shared,
@@ -514,33 +500,10 @@ fn handle_control(t: &ThreadCtx, poller: &Poller, ls: &mut Listeners, r: &mut Ro
             };
             let _ = done.send(removed);
         }
-        Control::Adopt { id, kept, ranks, tag, done } => {
-            let outcome = match ls.get_mut(&id.0) {
-                None => Err("its listener was removed"),
-                // Recovery waits for the answer before it opens the gate;
-                // one that came too late finds it open and changes nothing.
-                Some(_) if t.gate_open.load(Ordering::Acquire) => Err("the ready gate is open already"),
-                Some(l) => l.stream.adopt(kept, &ranks).inspect(|()| l.publish()),
-            };
-            let _ = done.send((tag, outcome));
-        }
     }
 }
 
 impl Listener {
-    /// Publishes the stream's dp ranks and watermark where they moved
-    /// (see `flush` for when it may).
-    fn publish(&self) {
-        let ranks = self.stream.ranks();
-        if self.published_ranks.replace(ranks.len()) != ranks.len() {
-            self.shared.set_ranks(&ranks[1..]);
-        }
-        let watermark = self.stream.watermark();
-        if self.published.replace(watermark) != watermark {
-            self.shared.set_watermark(watermark);
-        }
-    }
-
     /// Feeds the stream one input, with its context and way out.
     fn drive(&mut self, t: &ThreadCtx, now: Instant, input: impl FnOnce(&mut Stream, &Cx, &mut dyn Port)) {
         let cx = Cx {

@@ -60,10 +60,7 @@
 //!
 //! A new listener has no watermark unless an earlier registration of the
 //! same key left one (watermarks survive remove/add) or a snapshot seeded
-//! one; startup recovery from a kv-indexer peer may give a running one
-//! the peer's before the gate opens (`Ingest::adopt_watermarks`), as if
-//! seeded, the batches its connection delivered up to it being copies of
-//! what the peer's dump holds. Its first batch is applied if `s == 0`; otherwise batches `0..s`
+//! one. Its first batch is applied if `s == 0`; otherwise batches `0..s`
 //! are replayed when it can. The watermark keeps beside `last` a digest of
 //! batch `last`'s payload (xxh3), saved in snapshots too; a ring is checked
 //! against the newest batch whose digest is known.
@@ -190,6 +187,6 @@ pub use config::{
 pub use counters::IngestCounters;
 pub use lag::{EventLagCounts, EVENT_LAG_BUCKETS_S};
 pub use sequencer::Watermark;
-pub use service::{Adoption, Ingest, IngestError};
+pub use service::{Ingest, IngestError};
 pub use sink::EventSink;
-pub use status::{ListenerId, ListenerInfo, ListenerSpec, ListenerStatus, StreamMark};
+pub use status::{ListenerId, ListenerInfo, ListenerSpec, ListenerStatus};

@@ -266,17 +266,6 @@ impl Sequencer {
         self.filled = Some(f);
     }
 
-    /// Batches up to `last` that connection `conn` may still deliver are
-    /// copies of batches the state already reflects (a peer's watermark
-    /// adopted while `conn` was open: the peer applied them): each is a
-    /// duplicate, as a fill's copies are, unless it is batch `last` with
-    /// another digest.
-    pub(crate) fn owe_copies(&mut self, conn: u32) {
-        if let Some(last) = self.last {
-            self.filled = Some(Filled { lo: 0, hi: last, conn, digests: VecDeque::new() });
-        }
-    }
-
     /// Forgets the watermark: the next batch starts a new stream.
     pub(crate) fn reset(&mut self) {
         self.last = None;

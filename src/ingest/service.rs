@@ -29,7 +29,7 @@ use super::poller::Doorbell;
 use super::sequencer::Watermark;
 use super::shard::{run_shard, shard_for, Shard, ShardMsg};
 use super::sink::EventSink;
-use super::status::{ListenerId, ListenerInfo, ListenerShared, ListenerSpec, StreamMark};
+use super::status::{ListenerId, ListenerInfo, ListenerShared, ListenerSpec};
 use super::stream::HeldAccount;
 use super::subscriber::{OpenError, Subscriber};
 use super::zmq_context::ZmqContext;
@@ -91,19 +91,6 @@ impl fmt::Display for IngestError {
 }
 
 impl std::error::Error for IngestError {}
-
-/// What became of one peer watermark (`Ingest::adopt_watermarks`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Adoption {
-    /// Its listener took it.
-    Adopted,
-    /// No listener runs for its key.
-    NoListener,
-    /// The listener of its key reads another endpoint (this one).
-    OtherEndpoint(String),
-    /// The listener left its own watermark in place, for this reason.
-    Refused(&'static str),
-}
 
 /// A running listener as the registry knows it.
 struct ListenerEntry {
@@ -300,7 +287,6 @@ impl Ingest {
         let ranks_written = reg.seeded_ranks.get(&spec.worker).cloned().unwrap_or_default();
         let label = format!("instance {} dp_rank {} ({})", spec.worker.instance_id, spec.worker.dp_rank, spec.endpoint);
         let shared = Arc::new(ListenerShared::new(label, last_seq));
-        shared.set_ranks(&ranks_written);
         let thread = (0..reg.thread_load.len()).min_by_key(|&i| reg.thread_load[i]).unwrap_or(0);
         let entry = ListenerEntry { spec: spec.clone(), shared: Arc::clone(&shared), thread };
         let new = NewListener { id, spec, first, monitor_base, shared, last_seq, ranks_written };
@@ -389,65 +375,6 @@ impl Ingest {
     pub fn watermarks(&self) -> Vec<(WorkerId, Watermark)> {
         let reg = self.registry.lock();
         reg.listeners.values().filter_map(|e| e.shared.watermark().map(|w| (e.spec.worker, w))).collect()
-    }
-
-    /// Every running listener's place in its stream, by listener: key,
-    /// endpoint, watermark (those without one are left out) and the other
-    /// dp ranks its stream wrote to. A peer's dump pairs these with the
-    /// index state, read after them (as a snapshot does).
-    pub fn stream_marks(&self) -> Vec<(ListenerId, StreamMark)> {
-        let reg = self.registry.lock();
-        let mut out = Vec::new();
-        for (&id, e) in &reg.listeners {
-            // The watermark first: the ranks published with it or later
-            // name every rank its batches wrote to.
-            let Some(watermark) = e.shared.watermark() else { continue };
-            let (worker, endpoint) = (e.spec.worker, e.spec.endpoint.clone());
-            out.push((id, StreamMark { worker, endpoint, watermark, ranks: e.shared.ranks() }));
-        }
-        out
-    }
-
-    /// Has each running listener whose key and endpoint a mark names take
-    /// its watermark and ranks (`Stream::adopt`), while the ready gate is
-    /// closed: startup recovery, once a peer's dump is in place. Returns
-    /// once every listener answered (or `CONTROL_TIMEOUT_MS` passed), one
-    /// outcome a mark, in order.
-    pub fn adopt_watermarks(&self, marks: &[StreamMark]) -> Vec<Adoption> {
-        let mut out: Vec<Adoption> = vec![Adoption::NoListener; marks.len()];
-        let (done_tx, done_rx) = bounded(marks.len().max(1));
-        let timeout = Duration::from_millis(CONTROL_TIMEOUT_MS);
-        let deadline = std::time::Instant::now() + timeout;
-        let mut asked = 0;
-        {
-            let reg = self.registry.lock();
-            for (tag, m) in marks.iter().enumerate() {
-                let Some((&id, e)) = reg.by_worker.get(&m.worker).and_then(|id| reg.listeners.get_key_value(id)) else {
-                    continue;
-                };
-                if e.spec.endpoint != m.endpoint {
-                    out[tag] = Adoption::OtherEndpoint(e.spec.endpoint.clone());
-                    continue;
-                }
-                let msg = Control::Adopt { id, kept: m.watermark, ranks: m.ranks.clone(), tag, done: done_tx.clone() };
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if self.listener_txs[e.thread].send_timeout(msg, left).is_err() {
-                    out[tag] = Adoption::Refused("its listener thread did not take the request in time");
-                    continue;
-                }
-                self.bells[e.thread].ring();
-                out[tag] = Adoption::Refused("its listener thread did not answer in time");
-                asked += 1;
-            }
-        }
-        for _ in 0..asked {
-            match done_rx.recv_deadline(deadline) {
-                Ok((tag, Ok(()))) => out[tag] = Adoption::Adopted,
-                Ok((tag, Err(why))) => out[tag] = Adoption::Refused(why),
-                Err(_) => break,
-            }
-        }
-        out
     }
 
     /// Removes `worker` from `sink` through its shard, after every batch of

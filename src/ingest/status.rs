@@ -89,20 +89,6 @@ pub struct ListenerInfo {
     pub since_last_batch: Duration,
 }
 
-/// A running listener's place in its engine's stream, as a peer's dump
-/// carries it (`Ingest::stream_marks`) and a replica's listener of the
-/// same key and endpoint adopts it (`Ingest::adopt_watermarks`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StreamMark {
-    /// The listener's key: instance and registered dp rank.
-    pub worker: WorkerId,
-    pub endpoint: String,
-    pub watermark: Watermark,
-    /// The other dp ranks its stream wrote to (at most
-    /// `DP_RANKS_PER_LISTENER_MAX` with the registered one).
-    pub ranks: Vec<u32>,
-}
-
 /// State written by the listener thread, read by the API.
 #[derive(Debug)]
 pub(crate) struct ListenerShared {
@@ -114,9 +100,6 @@ pub(crate) struct ListenerShared {
     /// Published by the listener thread only when it moved (see `flush`):
     /// seq and digest are read together.
     watermark: Mutex<Option<Watermark>>,
-    /// The dp ranks its stream named besides the registered one, published
-    /// with the watermark (they only grow within a stream).
-    ranks: Mutex<Vec<u32>>,
     /// Batches received on this listener.
     pub batches_received: AtomicU64,
     /// `clock_ms()` when the last live batch arrived, or the listener was added.
@@ -142,7 +125,6 @@ impl ListenerShared {
             label,
             conn: Mutex::new(Conn::default()),
             watermark: Mutex::new(watermark),
-            ranks: Mutex::default(),
             batches_received: AtomicU64::new(0),
             last_batch_ms: AtomicU64::new(clock_ms()),
         }
@@ -226,16 +208,6 @@ impl ListenerShared {
 
     pub(crate) fn watermark(&self) -> Option<Watermark> {
         *self.watermark.lock()
-    }
-
-    pub(crate) fn set_ranks(&self, ranks: &[u32]) {
-        let mut kept = self.ranks.lock();
-        kept.clear();
-        kept.extend_from_slice(ranks);
-    }
-
-    pub(crate) fn ranks(&self) -> Vec<u32> {
-        self.ranks.lock().clone()
     }
 
     pub(crate) fn last_seq(&self) -> Option<u64> {

@@ -16,7 +16,6 @@ pub mod readiness;
 pub mod staging;
 pub mod state_metrics;
 mod swap;
-pub mod watermarks;
 
 pub use swap::IndexRef;
 

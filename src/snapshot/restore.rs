@@ -19,11 +19,9 @@
 //!
 //! With `--peers` too, a peer's dump is applied after this (see
 //! `recovery`): it replaces the snapshot's blocks of every worker it names,
-//! since a live peer saw what happened while this daemon was down, and a
-//! kv-indexer peer's watermark replaces the seeded one of each key it
-//! names (`registry::watermarks`); the other seeded watermarks stay, and
-//! replaying from them over the peer's state converges the same way
-//! (stores and removes are idempotent).
+//! since a live peer saw what happened while this daemon was down; the
+//! seeded watermarks stay, and replaying from them over the peer's state
+//! converges the same way (stores and removes are idempotent).
 
 use super::codec::SnapshotError;
 use super::plan::{plan, resized_note, Filter, IndexFilter, IndexKey};

@@ -40,7 +40,6 @@
 //! | from | on | to |
 //! |---|---|---|
 //! | new stream | | `FillDue` with a ring, else `Live` |
-//! | `FillDue`, `Live`, nothing dealt with | a peer's watermark adopted | the same, from that watermark, no connection proven; the open connection's batches up to it are copies |
 //! | any but `Gone` | connected (with a ring) | `FillDue`; a running ask is dropped (a gap's replay counts as failed) |
 //! | `Gone` | connected | `FillDue` with a ring, else `Live` |
 //! | `FillDue` | publisher up and gate open | `Filling`, asked from the watermark (or 0) |
@@ -225,9 +224,6 @@ pub(crate) struct Stream {
     /// closed: startup recovery may have loaded a peer's blocks for them
     /// since, so they are cleared again when it opens.
     clear_at_gate: bool,
-    /// The stream has handed a batch or a clear to a shard, or given
-    /// batches up, since it began: a peer's watermark is no longer adopted.
-    dealt: bool,
     log: LogLimiter,
     /// How gaps ended (replayed, missed, resynced): apart from `log` so the
     /// line saying a gap recovered is not swallowed by the one before.
@@ -262,7 +258,6 @@ impl Stream {
             held: Held::default(),
             ranks,
             clear_at_gate: false,
-            dealt: false,
             log: LogLimiter::default(),
             gap_log: LogLimiter::default(),
         }
@@ -271,44 +266,6 @@ impl Stream {
     /// The watermark, as `/workers` and snapshots show it.
     pub(crate) fn watermark(&self) -> Option<Watermark> {
         self.seq.watermark()
-    }
-
-    /// Every dp rank this stream has named, the registered one first.
-    pub(crate) fn ranks(&self) -> &[u32] {
-        &self.ranks
-    }
-
-    /// Takes `kept` as the watermark, as `new` takes one: a peer's, whose
-    /// dump the indexes now hold, replacing whatever the stream resumed
-    /// from (a snapshot's). No connection is proven to reach the process
-    /// that made it: with a ring the fill due checks the ring's batch
-    /// there; without one a batch is judged as a new connection's
-    /// (`Origin::New { rejoin: false }`). The connection open now carried
-    /// the live stream while the peer applied it: its batches up to `kept`,
-    /// held or still to come, are copies of what the peer's dump holds,
-    /// dropped as duplicates (`Sequencer::owe_copies`; a ring that shows
-    /// another process drops them anyway). `ranks_written`: other dp ranks
-    /// that process's stream wrote to (a restart clears them too). Refused
-    /// once the stream has dealt with anything (its own state is then
-    /// newer than any peer's) or while it asks its ring.
-    pub(crate) fn adopt(&mut self, kept: Watermark, ranks_written: &[u32]) -> Result<(), &'static str> {
-        if self.dealt {
-            return Err("its stream has dealt with batches already");
-        }
-        if self.asking() {
-            return Err("its stream is asking its engine's ring");
-        }
-        self.seq = Sequencer::new(Some(kept));
-        if self.latest > 0 {
-            self.seq.owe_copies(self.latest);
-        }
-        self.proven = None;
-        for &rank in ranks_written {
-            if !self.ranks.contains(&rank) && self.ranks.len() < DP_RANKS_PER_LISTENER_MAX {
-                self.ranks.push(rank);
-            }
-        }
-        Ok(())
     }
 
     #[cfg(test)]
@@ -703,7 +660,6 @@ impl Stream {
         if !port.apply(WorkerId::new(self.key.instance_id, rank), events, batch.ts, batch.charge) {
             return;
         }
-        self.dealt = true;
         match source {
             Source::Live => self.seq.accept_live(seq, digest),
             Source::Replay => self.seq.accept(seq, Some(digest)),
@@ -725,8 +681,7 @@ impl Stream {
     }
 
     /// Clears every worker this stream wrote to, through their shards.
-    fn clear_workers(&mut self, port: &mut dyn Port) {
-        self.dealt = true;
+    fn clear_workers(&self, port: &mut dyn Port) {
         for &rank in &self.ranks {
             port.clear(WorkerId::new(self.key.instance_id, rank));
         }
@@ -750,7 +705,6 @@ impl Stream {
         digest: Option<u64>,
     ) {
         debug_assert!(from < to);
-        self.dealt = true;
         let missing = to - from;
         if fresh {
             cx.bump(&cx.counters.batches_missed_at_join, missing);

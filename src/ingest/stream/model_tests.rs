@@ -559,18 +559,6 @@ impl World {
 }
 
 impl Run {
-    /// Startup recovery puts a peer's dump in place, the worker holding
-    /// process `pid`'s blocks as of its batch `seq`, and the stream adopts
-    /// the peer's watermark there (`Stream::adopt`).
-    pub(super) fn adopt_peer(&mut self, pid: u32, seq: u64) -> Result<(), &'static str> {
-        let mut state = BTreeSet::new();
-        (0..=seq).for_each(|s| apply_content(&mut state, pid, s));
-        self.world.trace.push(format!("peer's dump of {pid}:{seq}"));
-        self.world.sink = state;
-        self.world.sink_pid = Some(pid);
-        self.stream.adopt(Watermark { seq, digest: Some(digest(pid, seq)) }, &[])
-    }
-
     /// The end state against the engine's (see the module doc).
     pub(super) fn check(&self) -> Result<(), String> {
         let w = &self.world;
