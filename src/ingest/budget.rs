@@ -33,11 +33,17 @@ pub(crate) const HELD_SHARE: usize = 16;
 /// sizing the sockets' receive queues in messages from a budget in bytes.
 pub(crate) const MESSAGE_BYTES_TYPICAL: usize = 2 << 10;
 
+/// Fewest messages a SUB socket may queue unread, whatever the count.
+pub(crate) const SUB_QUEUE_MIN: i32 = 16;
+
 /// Messages each of `listeners` SUB sockets may queue unread: together a
-/// quarter of the budget at typical sizes, within 64..=`most`.
+/// quarter of the budget at typical sizes, within `SUB_QUEUE_MIN..=most`.
+/// A socket opened while fewer listeners ran is refitted as their number
+/// grows (`Listener::fit_queue`): libzmq applies a new high-water mark to
+/// the connection's queue in place.
 pub(crate) fn sub_queue_messages(budget_bytes: usize, listeners: usize, most: i32) -> i32 {
     let share = budget_bytes / 4 / MESSAGE_BYTES_TYPICAL / listeners.max(1);
-    i32::try_from(share).unwrap_or(i32::MAX).clamp(64.min(most), most)
+    i32::try_from(share).unwrap_or(i32::MAX).clamp(SUB_QUEUE_MIN.min(most), most)
 }
 
 /// The daemon's budget and what is charged to it.
@@ -141,7 +147,8 @@ mod tests {
     fn sub_queues_share_a_quarter_of_the_budget() {
         // 128 MiB over 64 listeners: 256 messages of 2 KiB each.
         assert_eq!(sub_queue_messages(128 << 20, 64, 100_000), 256);
-        assert_eq!(sub_queue_messages(128 << 20, 4_096, 100_000), 64, "never under 64");
+        assert_eq!(sub_queue_messages(128 << 20, 1_024, 100_000), 16);
+        assert_eq!(sub_queue_messages(128 << 20, 4_096, 100_000), SUB_QUEUE_MIN, "never under the least");
         assert_eq!(sub_queue_messages(1 << 40, 1, 100_000), 100_000, "never over the configured most");
         assert_eq!(sub_queue_messages(128 << 20, 0, 10), 10);
     }

@@ -546,6 +546,19 @@ impl Listener {
         self.reopen_at = None;
     }
 
+    /// Refits the socket's receive queue to its share now that the number
+    /// of listeners may have changed (`budget::sub_queue_messages`): the
+    /// sockets opened first would otherwise keep the large shares of a
+    /// daemon with few listeners.
+    fn fit_queue(&mut self, t: &ThreadCtx) {
+        let Some(sock) = &mut self.sock else { return };
+        let listeners = t.listeners.load(Ordering::Relaxed);
+        let want = super::budget::sub_queue_messages(t.cfg.budget_bytes, listeners, t.cfg.sub_rcvhwm_batches);
+        if want != sock.queue && sock.sub.set_rcvhwm(want).is_ok() {
+            sock.queue = want;
+        }
+    }
+
     /// Makes the next connection attempt.
     fn reopen(&mut self, t: &ThreadCtx, poller: &Poller, now: Instant, hot: &mut Vec<u64>) {
         let listeners = t.listeners.load(Ordering::Relaxed);
@@ -620,6 +633,7 @@ impl Listener {
 
     /// Reads live batches; true if it stopped at the burst cap.
     fn read_live(&mut self, t: &ThreadCtx, poller: &Poller) -> bool {
+        self.fit_queue(t);
         if self.sock.is_some() && !self.handshaken {
             // Data comes after the handshake: make sure the stream knows of it.
             self.monitor_more |= self.read_monitor(t, poller);

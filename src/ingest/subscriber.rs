@@ -56,6 +56,8 @@ pub(crate) struct Subscriber {
     pub monitor: ZmqSocket,
     /// The connection's number for this listener (1 for its first socket).
     pub conn: u32,
+    /// Messages `sub` may queue unread (its `ZMQ_RCVHWM`).
+    pub queue: i32,
 }
 
 /// Why a socket could not be opened: ZMQ refused the endpoint, or
@@ -130,7 +132,7 @@ impl Subscriber {
         monitor.set_linger(0).map_err(res)?;
         monitor.connect(&monitor_endpoint).map_err(res)?;
         sub.connect(endpoint).map_err(OpenError::Endpoint)?;
-        Ok(Subscriber { sub, monitor, conn })
+        Ok(Subscriber { sub, monitor, conn, queue })
     }
 }
 
