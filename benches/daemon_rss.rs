@@ -7,7 +7,7 @@
 //! `--prompt-blocks` (the engines take turns, so every listener and shard
 //! works at once). Once `kv_indexer_pairs` shows every pair it reads the
 //! daemon's VmRSS from /proc and `kv_indexer_index_bytes` from /metrics,
-//! waits `--settle-s` (longer than the daemon's trim interval) and reads
+//! waits `--settle-s` (longer than the trim thread's longest pause) and reads
 //! them again; then every engine publishes AllBlocksCleared, and once the
 //! pairs are 0 (and `--settle-s` later) it reads them again. `--cycles`
 //! repeats load and clear with new blocks, so a later cycle shows the
@@ -20,7 +20,7 @@
 //! half gives the marginal figure: RSS added over index bytes added.
 //!
 //! Run: `cargo bench --bench daemon_rss -- [--engines 64] [--blocks 16384]
-//! [--prompt-blocks 256] [--settle-s 12] [--cycles 2] [--bin PATH] [--env NAME=VALUE]...
+//! [--prompt-blocks 256] [--settle-s 20] [--cycles 2] [--bin PATH] [--env NAME=VALUE]...
 //! [--daemon-args "..."]`. `--env` sets a variable for the daemon (e.g.
 //! `MALLOC_ARENA_MAX=2`); `--bin` runs another build of the daemon.
 
@@ -63,7 +63,7 @@ fn parse_args() -> Result<Args, String> {
         engines: 64,
         blocks: 16_384,
         prompt_blocks: 256,
-        settle_s: 12.0,
+        settle_s: 20.0,
         cycles: 2,
         env: Vec::new(),
         daemon_args: Vec::new(),

@@ -12,7 +12,9 @@
 //! - at most one arena per core (`M_ARENA_MAX`), so free memory is not
 //!   spread over arenas no thread uses any more; an operator's
 //!   `MALLOC_ARENA_MAX` wins;
-//! - a thread that every `CHECK_INTERVAL_MS` frees what the indexes
+//! - a thread that every `CHECK_INTERVAL_MS` (doubled while nothing moved,
+//!   up to `CHECK_INTERVAL_MAX_MS`: a look costs tens of ms at fleet size,
+//!   5-10% of a core when taken every second) frees what the indexes
 //!   unlinked and no reader can hold any more (`index::reclaim`: after a
 //!   clear nothing else would, so it would stay allocated until the next
 //!   events);
@@ -28,8 +30,10 @@
 //!
 //! Elsewhere than on glibc this does nothing.
 
-/// Milliseconds between two looks at the allocator.
+/// Milliseconds between two looks at the allocator after memory moved.
 pub const CHECK_INTERVAL_MS: u64 = 1_000;
+/// Longest pause between two looks, reached while memory stays put.
+pub const CHECK_INTERVAL_MAX_MS: u64 = 16_000;
 
 /// Bytes by which the arenas' free chunks or the resident set must have
 /// moved, since the last look or the last trim, for a trim.
@@ -57,8 +61,9 @@ pub fn configure() {
 fn trim_loop() {
     let mut last = Looked::now();
     let mut after_trim = Looked::now();
+    let mut interval = CHECK_INTERVAL_MS;
     loop {
-        std::thread::sleep(std::time::Duration::from_millis(CHECK_INTERVAL_MS));
+        std::thread::sleep(std::time::Duration::from_millis(interval));
         kv_indexer::index::reclaim();
         let now = Looked::now();
         // Against the last look: frees that landed while the last trim ran
@@ -67,6 +72,9 @@ fn trim_loop() {
             // SAFETY: malloc_trim only releases free pages; it takes no pointers.
             unsafe { libc::malloc_trim(0) };
             after_trim = Looked::now();
+            interval = CHECK_INTERVAL_MS;
+        } else {
+            interval = (interval * 2).min(CHECK_INTERVAL_MAX_MS);
         }
         last = now;
     }
