@@ -55,6 +55,7 @@ impl Server {
         // With FLEET_LOG_DIR set, every line also goes to DIR/NAME.log.
         let mut copy = std::env::var_os("FLEET_LOG_DIR").map(|dir| {
             let path = std::path::Path::new(&dir).join(format!("{name}.log"));
+            let _ = std::fs::create_dir_all(&dir);
             std::fs::File::create(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         });
         std::thread::spawn(move || {
