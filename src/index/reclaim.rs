@@ -13,7 +13,8 @@
 //!
 //! A batch is sealed once it holds `SEAL_ITEMS` items or `SEAL_BYTES`
 //! bytes; what is left below that waits for more writes or for `reclaim`,
-//! which the daemon's maintenance thread calls every second.
+//! which the daemon's maintenance thread calls every second while memory
+//! moves, up to every 16 s while it stays put (`alloc.rs`).
 
 use crossbeam::epoch;
 use parking_lot::Mutex;

@@ -38,9 +38,9 @@ pub(crate) const SUB_QUEUE_MIN: i32 = 16;
 
 /// Messages each of `listeners` SUB sockets may queue unread: together a
 /// quarter of the budget at typical sizes, within `SUB_QUEUE_MIN..=most`.
-/// A socket opened while fewer listeners ran is refitted as their number
-/// grows (`Listener::fit_queue`): libzmq applies a new high-water mark to
-/// the connection's queue in place.
+/// A socket opened while fewer listeners ran is shrunk as their number
+/// grows (`Listener::fit_queue`): libzmq applies a lower high-water mark
+/// to the connection's queue in place.
 pub(crate) fn sub_queue_messages(budget_bytes: usize, listeners: usize, most: i32) -> i32 {
     let share = budget_bytes / 4 / MESSAGE_BYTES_TYPICAL / listeners.max(1);
     i32::try_from(share).unwrap_or(i32::MAX).clamp(SUB_QUEUE_MIN.min(most), most)

@@ -546,15 +546,23 @@ impl Listener {
         self.reopen_at = None;
     }
 
-    /// Refits the socket's receive queue to its share now that the number
-    /// of listeners may have changed (`budget::sub_queue_messages`): the
-    /// sockets opened first would otherwise keep the large shares of a
-    /// daemon with few listeners.
+    /// Shrinks the socket's receive queue to its share now that more
+    /// listeners run (`budget::sub_queue_messages`): the sockets opened
+    /// first would otherwise keep the large shares of a daemon with few
+    /// listeners. Never grows it in place: libzmq restarts a stopped
+    /// connection only when the reader has read a multiple of the queue's
+    /// low-water mark since it last said so, and a larger mark moves those
+    /// multiples past what the queue holds, so the connection would stay
+    /// stopped for good; a larger share waits for the next connection.
+    /// Not on a socket being read out after its connection dropped.
     fn fit_queue(&mut self, t: &ThreadCtx) {
+        if self.closing {
+            return;
+        }
         let Some(sock) = &mut self.sock else { return };
         let listeners = t.listeners.load(Ordering::Relaxed);
         let want = super::budget::sub_queue_messages(t.cfg.budget_bytes, listeners, t.cfg.sub_rcvhwm_batches);
-        if want != sock.queue && sock.sub.set_rcvhwm(want).is_ok() {
+        if want < sock.queue && sock.sub.set_rcvhwm(want).is_ok() {
             sock.queue = want;
         }
     }

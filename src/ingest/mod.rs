@@ -111,8 +111,8 @@
 //!
 //! A listener reconnects on its own, so a dead engine looks like one that is
 //! merely slow to come back, and its blocks would stay forever. A SUB
-//! socket sends ZMTP heartbeats (`heartbeat_ivl_ms`), so a host gone
-//! without a TCP reset drops the connection after three silent intervals.
+//! socket's connection has TCP keepalive (`heartbeat_ivl_ms`), so a host
+//! gone without a TCP reset drops it after three unanswered probes.
 //! A listener whose publisher has been unreachable (no connection since it
 //! was added, or since its connection dropped) for `engine_gone_ms` clears
 //! its workers through their shards, once per outage, drops what it held,

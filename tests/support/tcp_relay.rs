@@ -2,8 +2,8 @@
 //! the relay, which forwards bytes both ways to an upstream endpoint (a
 //! test engine or its fault proxy). Blackholed, it stops forwarding and
 //! reading in both directions but closes nothing, as when a host vanishes
-//! (power loss, a cut link) and no TCP reset ever comes: only ZMTP
-//! heartbeats can tell. Connections that arrive meanwhile are accepted (the
+//! (power loss, a cut link) and no TCP reset ever comes. Connections that
+//! arrive meanwhile are accepted (the
 //! kernel completes the TCP handshake anyway) and wait, unanswered. When the
 //! host is back, every connection still open is forwarded again, the waiting
 //! ones through a new upstream connection.
