@@ -55,14 +55,16 @@ const REC_INDEX: u8 = 1;
 const REC_WORKER: u8 = 2;
 const REC_EVENT: u8 = 3;
 
-const TAG_TIER_MASK: u8 = 0b11;
-const TAG_KIND_SHIFT: u8 = 2;
-const TAG_HAS_PARENT: u8 = 1 << 4;
-const TAG_ORPHAN: u8 = 1 << 5;
-const TAG_RESERVED: u8 = 0b1100_0000;
-const KIND_STORED: u8 = 0;
-const KIND_REMOVED: u8 = 1;
-const KIND_CLEARED: u8 = 2;
+// An event's tag byte, shared with the snapshot formats read whole
+// (`snapshot::legacy`).
+pub(crate) const TAG_TIER_MASK: u8 = 0b11;
+pub(crate) const TAG_KIND_SHIFT: u8 = 2;
+pub(crate) const TAG_HAS_PARENT: u8 = 1 << 4;
+pub(crate) const TAG_ORPHAN: u8 = 1 << 5;
+pub(crate) const TAG_RESERVED: u8 = 0b1100_0000;
+pub(crate) const KIND_STORED: u8 = 0;
+pub(crate) const KIND_REMOVED: u8 = 1;
+pub(crate) const KIND_CLEARED: u8 = 2;
 
 /// Writes a compact dump piece by piece, keeping the count and checksum
 /// its end record needs.

@@ -303,20 +303,16 @@ pub(crate) fn run_listener_thread(t: ThreadCtx, control: Receiver<Control>) {
             }
             l.stream.asking()
         });
-        let mut late = std::mem::take(&mut r.late);
-        late.retain(|id| {
-            let Some(l) = ls.get_mut(id) else { return false };
+        for id in std::mem::take(&mut r.late) {
+            let Some(l) = ls.get_mut(&id) else { continue };
             if l.stream.late_due().is_some_and(|due| now >= due) {
                 l.drive(&t, now, |s, cx, p| s.tick(cx, p));
-                r.touched.push(*id);
-                r.gone.arm(*id, &mut l.reach);
-                if l.stream.asking() && !r.replaying.contains(id) {
-                    r.replaying.push(*id);
-                }
+                // Notes its ask, and the next read if one is due.
+                r.track(l);
+            } else if l.stream.late_due().is_some() {
+                r.late.push(id);
             }
-            l.stream.late_due().is_some()
-        });
-        r.late = late;
+        }
         attempt(&t, &poller, &mut ls, &mut r);
         clear_gone(&t, &mut ls, &mut r.gone, &mut r.touched);
     }

@@ -37,6 +37,9 @@
 
 use super::codec::{check_format, read_registrations, Reader, Res, SnapshotError, VERSION_BYTES_MAX};
 use super::{SavedIndex, Snapshot};
+use crate::dump::binary::{
+    KIND_CLEARED, KIND_REMOVED, KIND_STORED, TAG_HAS_PARENT, TAG_KIND_SHIFT, TAG_ORPHAN, TAG_RESERVED, TAG_TIER_MASK,
+};
 use crate::event::{Event, EventKind, StorageTier, StoredBlock, WorkerId, BLOCKS_PER_EVENT_MAX};
 use crate::index::{DumpEvent, Orphan};
 use crate::registry::{INDEXES_MAX, NAME_BYTES_MAX};
@@ -50,15 +53,6 @@ pub const HEADER_BYTES_MAX: usize = 8 + 4 + 2 + VERSION_BYTES_MAX + 8 * 4;
 pub const BODY_BYTES_MAX: u64 = 8 << 30;
 /// Most workers in one index's table.
 pub const WORKERS_PER_INDEX_MAX: usize = 1 << 22;
-
-const TAG_TIER_MASK: u8 = 0b11;
-const TAG_KIND_SHIFT: u8 = 2;
-const TAG_HAS_PARENT: u8 = 1 << 4;
-const TAG_ORPHAN: u8 = 1 << 5;
-const TAG_RESERVED: u8 = 0b1100_0000;
-const KIND_STORED: u8 = 0;
-const KIND_REMOVED: u8 = 1;
-const KIND_CLEARED: u8 = 2;
 
 /// What a header says, once checked.
 struct Header {
